@@ -1,0 +1,1 @@
+"""Reproducible benchmarks (ARCHITECTURE.md §13). Run all: ``python -m benches``."""

@@ -1,0 +1,217 @@
+"""Every error Mycelia raises, in one tree (ARCHITECTURE.md §10).
+
+Catch :class:`MyceliaError` to catch everything; catch a branch to handle one family::
+
+    MyceliaError
+    ├── InvalidArgument            a caller passed a value the API cannot accept (also a ValueError)
+    ├── DecodeError                bytes from the wire or a file could not be decoded
+    │   ├── PayloadTooLarge        a documented limit (proto.limits) was exceeded
+    │   ├── InvalidEvent           an event is structurally invalid
+    │   │   └── IdMismatch         an id does not match the content it names
+    │   └── InvalidMessage         a wire frame is not a message this protocol knows
+    ├── RetrievalError
+    │   ├── EventNotFound          an event id is not known here
+    │   └── EntityNotFound         an entity id is not known here
+    ├── LineageError               an event cannot be placed in its entity's history
+    │   ├── BudgetExceeded         the comparison walked more events than it was allowed
+    │   ├── Disjoint               two clocks share no history (different genesis)
+    │   └── PendingLimit           too many events wait for missing parents
+    ├── SystemError_               the node's system (root) is missing or is another one
+    │   ├── SystemNotReady         no system root yet: create_system() or join_system()
+    │   └── ForeignSystem          events belong to another system
+    ├── PolicyDenied               the policy agent refused an operation
+    ├── StorageError               the storage engine failed (backend error chained)
+    │   ├── StorageLocked          another process holds the store
+    │   ├── StorageReadOnly        the store cannot be written
+    │   └── StorageCorrupt         the store's content fails its own checks
+    ├── TransactionError
+    │   └── TransactionClosed      a transaction was used after commit or rollback
+    ├── QueryError                 a query could not be parsed or evaluated (column given)
+    └── ProtocolError              the peering protocol failed
+        ├── LocalProtocolError     this side was asked to do something the protocol forbids
+        ├── RemoteProtocolError    the peer sent something the protocol forbids
+        │   └── PresenceRejected   the peer's Presence was refused (version, key, system)
+        ├── RequestTimeout         a request got no answer in time
+        ├── RemoteError            the peer answered a request with an error
+        └── ConnectionClosed       the connection closed before the operation finished
+
+Backend exceptions (lmdb, psycopg, websockets, msgpack) are translated where they are
+caught and chained with ``raise ... from exc``; nothing else escapes the public API.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BudgetExceeded",
+    "ConnectionClosed",
+    "DecodeError",
+    "Disjoint",
+    "EntityNotFound",
+    "EventNotFound",
+    "ForeignSystem",
+    "IdMismatch",
+    "InvalidArgument",
+    "InvalidEvent",
+    "InvalidMessage",
+    "LineageError",
+    "LocalProtocolError",
+    "MyceliaError",
+    "PayloadTooLarge",
+    "PendingLimit",
+    "PolicyDenied",
+    "PresenceRejected",
+    "ProtocolError",
+    "QueryError",
+    "RemoteError",
+    "RemoteProtocolError",
+    "RequestTimeout",
+    "RetrievalError",
+    "StorageCorrupt",
+    "StorageError",
+    "StorageLocked",
+    "StorageReadOnly",
+    "SystemError_",
+    "SystemNotReady",
+    "TransactionClosed",
+    "TransactionError",
+]
+
+
+class MyceliaError(Exception):
+    """The root of every error Mycelia raises."""
+
+
+class InvalidArgument(MyceliaError, ValueError):
+    """A caller passed a value the API cannot accept; the message says which and why."""
+
+
+class DecodeError(MyceliaError):
+    """Bytes from the wire or a file could not be decoded into a valid value."""
+
+
+class PayloadTooLarge(DecodeError):
+    """A documented limit (see :mod:`mycelia.proto.limits`) was exceeded."""
+
+
+class InvalidEvent(DecodeError):
+    """An event is structurally invalid (shape, parents, collection, operations)."""
+
+
+class IdMismatch(InvalidEvent):
+    """An id does not match the content it is claimed for (a forged or corrupted event)."""
+
+
+class InvalidMessage(DecodeError):
+    """A wire frame does not decode to a message of this protocol."""
+
+
+class RetrievalError(MyceliaError):
+    """Something asked for is not available here."""
+
+
+class EventNotFound(RetrievalError):
+    """An event id is not known to this node (nor, where asked, to its peers)."""
+
+    def __init__(self, message: str, *, event_id: object = None) -> None:
+        super().__init__(message)
+        self.event_id = event_id
+
+
+class EntityNotFound(RetrievalError):
+    """An entity id is not known to this node."""
+
+
+class LineageError(MyceliaError):
+    """An event or state cannot be placed in its entity's history."""
+
+
+class BudgetExceeded(LineageError):
+    """The comparison walked more events than its budget allowed; no verdict was reached."""
+
+
+class Disjoint(LineageError):
+    """Two clocks share no history: they descend from different genesis events."""
+
+
+class PendingLimit(LineageError):
+    """Too many events are waiting for parents that have not arrived; the oldest were shed."""
+
+
+class SystemError_(MyceliaError):  # noqa: N801 - trailing underscore avoids the builtin name
+    """The node's system root is missing, or events belong to another system."""
+
+
+class SystemNotReady(SystemError_):
+    """This node has no system root yet: call ``create_system()`` or ``join_system()``."""
+
+
+class ForeignSystem(SystemError_):
+    """The events or peer belong to a different system than this node's."""
+
+
+class PolicyDenied(MyceliaError):
+    """The policy agent refused the operation; nothing was persisted."""
+
+
+class StorageError(MyceliaError):
+    """The storage engine failed; the backend exception is chained as ``__cause__``."""
+
+
+class StorageLocked(StorageError):
+    """Another process holds the store open for writing."""
+
+
+class StorageReadOnly(StorageError):
+    """The store (or its directory) cannot be written."""
+
+
+class StorageCorrupt(StorageError):
+    """The store's content fails its own integrity checks."""
+
+
+class TransactionError(MyceliaError):
+    """A transaction was misused."""
+
+
+class TransactionClosed(TransactionError):
+    """The transaction (or a handle from it) was used after commit or rollback."""
+
+
+class QueryError(MyceliaError):
+    """A query could not be parsed or evaluated; ``column`` points at the problem (1-based)."""
+
+    def __init__(self, message: str, *, column: int | None = None) -> None:
+        super().__init__(message if column is None else f"{message} (at column {column})")
+        self.column = column
+
+
+class ProtocolError(MyceliaError):
+    """The peering protocol failed."""
+
+
+class LocalProtocolError(ProtocolError):
+    """This side was asked to do something the protocol forbids (a bug in the caller)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol forbids; the connection is closed."""
+
+
+class PresenceRejected(RemoteProtocolError):
+    """The peer's Presence was refused: wrong protocol version, bad signature or system."""
+
+
+class RequestTimeout(ProtocolError):
+    """A request to a peer got no answer within its timeout."""
+
+
+class RemoteError(ProtocolError):
+    """The peer answered a request with an error; ``kind`` names its class on the peer."""
+
+    def __init__(self, message: str, *, kind: str = "MyceliaError") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class ConnectionClosed(ProtocolError):
+    """The connection closed before the operation finished."""

@@ -1,0 +1,121 @@
+"""Wire messages: typed frames and the one dispatcher that decodes them (ARCHITECTURE.md §7).
+
+Invariants:
+
+- A frame is one msgpack array ``[tag, field, ...]``; ``tag`` names the message class.
+  Every message class registers its tag once with :func:`message`, and
+  :func:`decode_frame` is the only way bytes become a message: an unknown tag, a wrong
+  field count or a wrongly typed field is an :class:`~mycelia.errors.InvalidMessage` (or
+  another :class:`~mycelia.errors.DecodeError`), never a ``dict`` or a half-built object.
+- Messages are frozen values. Events travel as their canonical bytes and are re-verified
+  (ids recomputed) by :func:`decode_events`; batches are capped by the limits.
+- The peer-to-peer vocabulary (handshake, requests, responses, updates) lives in
+  :mod:`mycelia.proto.peering`; this module is the framing they share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import ClassVar, Final, Self, TypeVar
+
+from mycelia.errors import DecodeError, InvalidArgument, InvalidMessage
+from mycelia.proto.codec import expect_int, expect_list, pack, unpack
+from mycelia.proto.event import Event
+from mycelia.proto.limits import DEFAULT_LIMITS, Limits
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Message",
+    "decode_events",
+    "decode_frame",
+    "encode_events",
+    "encode_frame",
+    "message",
+    "message_types",
+]
+
+PROTOCOL_VERSION: Final = 1
+"""Peers must speak exactly the same version (ARCHITECTURE.md §7)."""
+
+
+class Message:
+    """Base of every wire message: a frozen value with a registered tag."""
+
+    __slots__ = ()
+    TAG: ClassVar[int]
+
+    def to_wire(self) -> list[object]:
+        """The message's fields, positionally (without the tag)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
+        """Rebuild the message from its fields; raises DecodeError on any bad field."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[int, type[Message]] = {}
+
+M = TypeVar("M", bound=type[Message])
+
+
+def message(tag: int) -> Callable[[M], M]:
+    """Class decorator: register a message class under ``tag`` (each tag once)."""
+
+    def register(cls: M) -> M:
+        if tag in _REGISTRY:
+            raise InvalidArgument(f"message tag {tag} is taken by {_REGISTRY[tag].__name__}")
+        cls.TAG = tag
+        _REGISTRY[tag] = cls
+        return cls
+
+    return register
+
+
+def message_types() -> dict[int, type[Message]]:
+    """Every registered message class by tag (a copy)."""
+    return dict(_REGISTRY)
+
+
+def encode_frame(msg: Message) -> bytes:
+    """The bytes of one frame carrying ``msg``."""
+    return pack([msg.TAG, *msg.to_wire()])
+
+
+def decode_frame(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Decode one frame into its message class.
+
+    Raises:
+        PayloadTooLarge: beyond ``limits``.
+        InvalidMessage: not a frame of this protocol.
+        DecodeError: a field is malformed.
+    """
+    fields = unpack(data, limits=limits, what="frame")
+    if not isinstance(fields, list) or not fields:
+        raise InvalidMessage("a frame is a non-empty array starting with a message tag")
+    tag = expect_int(fields[0], "message tag")
+    cls = _REGISTRY.get(tag)
+    if cls is None:
+        raise InvalidMessage(f"unknown message tag {tag}")
+    try:
+        return cls.from_wire(fields[1:], limits)
+    except DecodeError:
+        raise
+    except (TypeError, ValueError) as exc:  # a from_wire that unpacked the wrong arity
+        raise InvalidMessage(f"malformed {cls.__name__}: {exc}") from exc
+
+
+def encode_events(events: Iterable[Event]) -> list[bytes]:
+    """Events as a list of their canonical bytes (the wire form of a batch)."""
+    return [e.to_bytes() for e in events]
+
+
+def decode_events(raw: object, limits: Limits, *, what: str = "events") -> list[Event]:
+    """Decode a batch of events, each re-hashed; at most ``limits.max_batch_events``."""
+    items = expect_list(raw, what, max_len=limits.max_batch_events)
+    out = []
+    for item in items:
+        if not isinstance(item, bytes):
+            raise DecodeError(f"{what} items must be bytes, got {type(item).__name__}")
+        out.append(Event.from_bytes(item, limits=limits))
+    return out

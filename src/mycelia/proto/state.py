@@ -1,0 +1,139 @@
+"""Entity state snapshots and attestations (ARCHITECTURE.md §3).
+
+Invariants:
+
+- :class:`State` holds one state buffer per property backend (sorted by backend name), the
+  head clock, and the generation of every head event (aligned with ``head.ids``), which is
+  what an applier needs to place new events on a snapshot whose events it does not hold.
+- Encodings are positional msgpack arrays, canonical like events, so two replicas with the
+  same state produce the same bytes.
+- :class:`Attested` wraps a payload with attestations (opaque signatures judged by the
+  policy agent); attestations are outside every hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from mycelia.errors import DecodeError, InvalidArgument
+from mycelia.proto.clock import EMPTY_CLOCK, Clock
+from mycelia.proto.codec import (
+    expect_bytes,
+    expect_int,
+    expect_list,
+    expect_name,
+    pack,
+    unpack,
+)
+from mycelia.proto.ids import ID_LENGTH, EntityId, EventId
+from mycelia.proto.limits import DEFAULT_LIMITS, Limits
+
+__all__ = ["Attested", "EntityState", "State"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """One entity's materialised state: backend buffers, head, head generations."""
+
+    head: Clock
+    generations: tuple[int, ...]
+    """The generation of each id in ``head`` (same order as ``head.ids``)."""
+    buffers: tuple[tuple[str, bytes], ...]
+    """Per backend (sorted by name), its state buffer."""
+
+    def __post_init__(self) -> None:
+        if len(self.generations) != len(self.head):
+            raise InvalidArgument("a state needs one generation per head id")
+
+    @classmethod
+    def empty(cls) -> State:
+        """The state of an entity that does not exist yet."""
+        return cls(EMPTY_CLOCK, (), ())
+
+    @classmethod
+    def of(cls, *, head: Mapping[EventId, int], buffers: Mapping[str, bytes]) -> State:
+        """A state from a head (id → generation) and buffers (backend → bytes)."""
+        clock = Clock(head)
+        return cls(
+            clock,
+            tuple(head[i] for i in clock),
+            tuple((name, buffers[name]) for name in sorted(buffers)),
+        )
+
+    def head_generations(self) -> dict[EventId, int]:
+        """The head as a mapping id → generation."""
+        return dict(zip(self.head.ids, self.generations, strict=True))
+
+    def buffer(self, backend: str) -> bytes | None:
+        """The buffer of ``backend``, if the state has one."""
+        for name, buf in self.buffers:
+            if name == backend:
+                return buf
+        return None
+
+    def to_wire(self) -> list[object]:
+        """The positional form used inside messages and :class:`EntityState`."""
+        return [list(self.head.ids), list(self.generations), [list(b) for b in self.buffers]]
+
+    @classmethod
+    def from_wire(cls, obj: object, *, limits: Limits = DEFAULT_LIMITS) -> State:
+        """Decode :meth:`to_wire`; raises DecodeError on any malformed field."""
+        head_raw, gens_raw, bufs_raw = expect_list(obj, "state", length=3)
+        ids = expect_list(head_raw, "state head", max_len=limits.max_clock_width)
+        gens = expect_list(gens_raw, "state generations", length=len(ids))
+        pairs = {
+            EventId._trusted(expect_bytes(i, "head id", length=ID_LENGTH)): expect_int(
+                g, "generation", minimum=1
+            )
+            for i, g in zip(ids, gens, strict=True)
+        }
+        buffers: dict[str, bytes] = {}
+        for item in expect_list(bufs_raw, "state buffers", max_len=64):
+            name_raw, buf = expect_list(item, "state buffer", length=2)
+            name = expect_name(name_raw, "backend name", limits=limits)
+            if name in buffers:
+                raise DecodeError(f"state has two buffers for backend {name!r}")
+            buffers[name] = expect_bytes(buf, f"buffer of {name}")
+        return cls.of(head=pairs, buffers=buffers)
+
+
+@dataclass(frozen=True, slots=True)
+class EntityState:
+    """A :class:`State` with the entity it belongs to."""
+
+    entity_id: EntityId
+    collection: str
+    state: State
+
+    def to_wire(self) -> list[object]:
+        """The positional form used inside messages."""
+        return [self.entity_id, self.collection, self.state.to_wire()]
+
+    @classmethod
+    def from_wire(cls, obj: object, *, limits: Limits = DEFAULT_LIMITS) -> EntityState:
+        """Decode :meth:`to_wire`; raises DecodeError on any malformed field."""
+        entity_raw, collection, state = expect_list(obj, "entity state", length=3)
+        entity = EntityId._trusted(expect_bytes(entity_raw, "entity id", length=ID_LENGTH))
+        name = expect_name(collection, "collection", limits=limits)
+        return cls(entity, name, State.from_wire(state, limits=limits))
+
+    def to_bytes(self) -> bytes:
+        """Canonical bytes of this state."""
+        return pack(self.to_wire())
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> EntityState:
+        """Decode :meth:`to_bytes`."""
+        return cls.from_wire(unpack(data, limits=limits, what="entity state"), limits=limits)
+
+
+@dataclass(frozen=True, slots=True)
+class Attested(Generic[T]):
+    """A payload plus attestations (outside every hash; judged by the policy agent)."""
+
+    payload: T
+    attestations: tuple[bytes, ...] = ()

@@ -1,0 +1,4 @@
+"""``mycelia.testing``: hypothesis strategies, a simulator and invariant checkers.
+
+Needs hypothesis (``pip install mycelia[testing]``).
+"""
