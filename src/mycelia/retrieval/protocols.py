@@ -1,0 +1,67 @@
+"""The retrieval capabilities (ARCHITECTURE.md §4, STYLE.md §3).
+
+What the comparison needs from a getter: for each id it asks about, the event **and its
+generation** (an :class:`~mycelia.proto.AdmittedEvent`), in batches — one call per frontier
+step, so a remote getter costs one round trip per step. Ids the getter does not know are
+simply absent from the answer; the comparison decides what absence means.
+
+Read-ahead: a long walk passes ``ahead > 0``, inviting the getter to add up to that many
+*ancestors* of the asked ids to its answer (nearest first). A getter is free to ignore it;
+one that honours it turns a walk down a long chain from one call per event into a few
+calls in all, which matters most for a remote getter (one round trip each).
+
+Generations are computed by the receiver on admission (1 + the largest parent generation)
+and stored with the event; they are never taken from the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Protocol
+
+from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
+
+__all__ = ["EventSource", "GetEvents", "GetState", "SuspenseEvents"]
+
+
+class EventSource(Protocol):
+    """Where admitted events are read from (a storage engine satisfies it)."""
+
+    async def get_events(
+        self, ids: Collection[EventId], *, ahead: int = 0
+    ) -> Mapping[EventId, AdmittedEvent]:
+        """The events among ``ids`` that are known (unknown ids are absent), plus up to
+        ``ahead`` of their ancestors if the source can read ahead cheaply."""
+        ...
+
+
+class GetEvents(EventSource, Protocol):
+    """Read access to events for the comparison layer."""
+
+    async def event_stored(self, event_id: EventId) -> bool:
+        """Whether ``event_id`` is durably stored here (staging does not count)."""
+        ...
+
+    def storage_is_definitive(self) -> bool:
+        """Whether a negative :meth:`event_stored` is proof (true on durable nodes)."""
+        ...
+
+
+class GetState(Protocol):
+    """Read access to entity states."""
+
+    async def get_state(self, entity_id: EntityId) -> EntityState | None:
+        """The stored state of ``entity_id``, or ``None`` if there is none."""
+        ...
+
+
+class SuspenseEvents(GetEvents, Protocol):
+    """A getter the applier can also stage into: staged events are visible, not durable."""
+
+    def stage(self, event: AdmittedEvent) -> None:
+        """Make ``event`` visible to :meth:`get_events` (not to :meth:`event_stored`)."""
+        ...
+
+    def staged(self) -> list[AdmittedEvent]:
+        """Every staged event, in the order staged."""
+        ...
