@@ -1,1 +1,27 @@
-"""mycelia.entity."""
+"""``mycelia.entity``: entities, property backends, the applier and the model layer.
+
+The merge logic is pure and synchronous; the applier reaches storage only through the
+:class:`~mycelia.retrieval.EntityStore` capability (ARCHITECTURE.md §2, §5).
+"""
+
+from mycelia.entity.values import check_value, decode_value, encode_value  # noqa: I001 - first: no cycles
+from mycelia.entity.entity import Entity, Snapshot
+from mycelia.entity.applier import VERDICTS, Action, Applier, EntityChange, EventCheck, IngestResult
+from mycelia.entity.pending import PendingPool
+from mycelia.entity.residents import Residents
+
+__all__ = [
+    "VERDICTS",
+    "Action",
+    "Applier",
+    "Entity",
+    "EntityChange",
+    "EventCheck",
+    "IngestResult",
+    "PendingPool",
+    "Residents",
+    "Snapshot",
+    "check_value",
+    "decode_value",
+    "encode_value",
+]

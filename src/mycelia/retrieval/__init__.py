@@ -6,16 +6,29 @@ the getters that combine it with storage (and, on ephemeral nodes, a remote peer
 """
 
 from mycelia.retrieval.getters import CachedGetter, LocalGetter, RemoteEvents
-from mycelia.retrieval.protocols import EventSource, GetEvents, GetState, SuspenseEvents
+from mycelia.retrieval.protocols import (
+    EntityStore,
+    EventSource,
+    GetEvents,
+    GetState,
+    StoredState,
+    SuspenseEvents,
+    WriteBatch,
+    WriteResult,
+)
 from mycelia.retrieval.staging import StagingMap
 
 __all__ = [
     "CachedGetter",
+    "EntityStore",
     "EventSource",
     "GetEvents",
     "GetState",
     "LocalGetter",
     "RemoteEvents",
     "StagingMap",
+    "StoredState",
     "SuspenseEvents",
+    "WriteBatch",
+    "WriteResult",
 ]

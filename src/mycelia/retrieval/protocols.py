@@ -17,11 +17,21 @@ and stored with the event; they are never taken from the wire.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
 
-__all__ = ["EventSource", "GetEvents", "GetState", "SuspenseEvents"]
+__all__ = [
+    "EntityStore",
+    "EventSource",
+    "GetEvents",
+    "GetState",
+    "StoredState",
+    "SuspenseEvents",
+    "WriteBatch",
+    "WriteResult",
+]
 
 
 class EventSource(Protocol):
@@ -64,4 +74,44 @@ class SuspenseEvents(GetEvents, Protocol):
 
     def staged(self) -> list[AdmittedEvent]:
         """Every staged event, in the order staged."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredState:
+    """An entity state as storage keeps it: the snapshot plus its queryable field values."""
+
+    state: EntityState
+    values: Mapping[str, object] = field(default_factory=dict)
+    """Field name → value (LWW values and text content), for query pushdown."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBatch:
+    """Everything one commit makes durable, written atomically (ARCHITECTURE.md §5, §6).
+
+    Events first, then the states that reference them: an engine must make all of it
+    durable, or none of it. Each state also appends one change-feed row.
+    """
+
+    events: tuple[AdmittedEvent, ...] = ()
+    states: tuple[StoredState, ...] = ()
+    meta: tuple[tuple[str, bytes | None], ...] = ()
+    """Small node-level records (system root, node key, outbox); ``None`` deletes."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What a write did: which events were new, and the change-feed offsets it took."""
+
+    new_events: frozenset[EventId]
+    offsets: tuple[int, ...]
+    """One strictly increasing offset per state written, in batch order."""
+
+
+class EntityStore(EventSource, GetState, Protocol):
+    """What the applier needs from storage: read events and states, write atomically."""
+
+    async def write(self, batch: WriteBatch) -> WriteResult:
+        """Make ``batch`` durable atomically; raises StorageError and writes nothing on failure."""
         ...

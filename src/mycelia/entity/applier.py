@@ -1,0 +1,482 @@
+"""The node applier: events and states from anywhere become entity state (ARCHITECTURE.md §5).
+
+The ingest discipline, for any batch (one event, a remote commit, a bridge):
+
+1. group by entity; sort each group topologically (wire order is never trusted);
+2. **admit**: compute each new event's generation from its parents, which must be known —
+   staged earlier in the batch, stored, or named in the head of a snapshot this node holds
+   — and must belong to the same entity; a genesis must bind this node's system root.
+   An event with unknown parents is **held** (:class:`PendingPool`) and its parents are
+   reported as missing; a parent from another entity is rejected;
+3. **stage** the admitted events and compare them with the entity's head; the verdict
+   table (:data:`VERDICTS`) says what to do; apply every event the head lacks, parents
+   first, and set the head to the comparison's merged head (an antichain);
+4. run the caller's check (policy) on every changed entity before anything is durable;
+5. **commit** events and states in one storage write. If anything fails after step 3,
+   every entity this run touched is evicted from memory, so memory never runs ahead of
+   storage, and nothing is persisted.
+
+``atomic=True`` (a remote commit, a local transaction) makes the whole batch succeed or
+fail together; otherwise a bad entity is reported in :attr:`IngestResult.errors` and the
+others proceed. An event already stored is a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Final
+
+from mycelia.entity.entity import Entity, Snapshot
+from mycelia.entity.pending import PendingPool
+from mycelia.entity.residents import Residents
+from mycelia.errors import (
+    BudgetExceeded as BudgetExceededError,
+)
+from mycelia.errors import (
+    Disjoint as DisjointError,
+)
+from mycelia.errors import (
+    EventNotFound,
+    ForeignSystem,
+    InvalidEvent,
+    MyceliaError,
+    SystemNotReady,
+)
+from mycelia.event_dag import (
+    DEFAULT_BUDGET,
+    BudgetExceeded,
+    Disjoint,
+    DivergedSince,
+    Equal,
+    Relation,
+    StrictAscends,
+    StrictDescends,
+    compare,
+    topological_sort,
+)
+from mycelia.proto import (
+    SYSTEM_COLLECTION,
+    AdmittedEvent,
+    Clock,
+    EntityId,
+    EntityState,
+    Event,
+    EventId,
+)
+from mycelia.retrieval import EntityStore, LocalGetter, StagingMap, StoredState, WriteBatch
+
+__all__ = ["VERDICTS", "Action", "Applier", "EntityChange", "EventCheck", "IngestResult"]
+
+log = logging.getLogger(__name__)
+
+
+class Action(enum.Enum):
+    """What the applier does with a verdict."""
+
+    NOTHING = "nothing"
+    """Every staged event is already in the head's history."""
+    APPLY = "apply"
+    """Apply the events the head lacks (``subject_only``), then take the merged head."""
+    REJECT = "reject"
+    """The events cannot be placed in this entity's history."""
+
+
+VERDICTS: Final[Mapping[type[Relation], Action]] = {
+    Equal: Action.NOTHING,
+    StrictAscends: Action.NOTHING,
+    StrictDescends: Action.APPLY,
+    DivergedSince: Action.APPLY,  # an empty meet is refused in _action below
+    Disjoint: Action.REJECT,
+    BudgetExceeded: Action.REJECT,
+}
+"""The verdict → action table: the one place that decides (ARCHITECTURE.md §5)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EntityChange:
+    """One entity changed by an applier run."""
+
+    before: Snapshot
+    after: Snapshot
+    events: tuple[AdmittedEvent, ...]
+    """The events applied, parents first."""
+    changed: frozenset[str]
+    """Properties whose values changed."""
+
+
+@dataclass(slots=True)
+class IngestResult:
+    """What an applier run did."""
+
+    changes: list[EntityChange] = field(default_factory=list)
+    stored: list[AdmittedEvent] = field(default_factory=list)
+    """Events made durable by this run (new to this node)."""
+    held: list[EventId] = field(default_factory=list)
+    """Events waiting for parents (see :attr:`missing`)."""
+    missing: set[EventId] = field(default_factory=set)
+    """Parent ids nobody here has: ask a peer for them."""
+    errors: dict[EntityId, MyceliaError] = field(default_factory=dict)
+    """Entities whose events were refused (non-atomic runs only)."""
+
+    def raise_first(self) -> None:
+        """Raise the first error, if any."""
+        for error in self.errors.values():
+            raise error
+
+
+EventCheck = Callable[[Snapshot, Snapshot, AdmittedEvent], None]
+"""A policy hook run before durability: (before, after, event); raise PolicyDenied to refuse."""
+
+
+@dataclass(slots=True)
+class _Plan:
+    entity: Entity
+    before: Snapshot
+    staged: list[AdmittedEvent]
+    applied: list[AdmittedEvent]
+    changed: set[str]
+
+
+class Applier:
+    """Turns events into entity state and durable storage, one entity lock at a time."""
+
+    def __init__(
+        self,
+        store: EntityStore,
+        residents: Residents,
+        *,
+        durable: bool,
+        system_root: Callable[[], EntityId | None],
+        pending: PendingPool | None = None,
+        budget: int = DEFAULT_BUDGET,
+    ) -> None:
+        self._store = store
+        self._residents = residents
+        self._durable = durable
+        self._system_root = system_root
+        self._pending = pending if pending is not None else PendingPool()
+        self._budget = budget
+        self._locks: dict[EntityId, asyncio.Lock] = {}
+
+    @property
+    def pending(self) -> PendingPool:
+        """Events held for missing parents."""
+        return self._pending
+
+    async def ingest(
+        self,
+        events: Iterable[Event],
+        *,
+        atomic: bool = False,
+        check: EventCheck | None = None,
+        meta: tuple[tuple[str, bytes | None], ...] = (),
+    ) -> IngestResult:
+        """Admit, apply and commit ``events`` (any order, duplicates welcome).
+
+        ``meta`` records are written in the same storage write as the first batch.
+        Raises (atomic runs, or any run's storage failure) the first MyceliaError; in
+        non-atomic runs refused entities are reported in the result instead.
+        """
+        result = IngestResult()
+        batch = list(events)
+        while batch:
+            await self._ingest_once(batch, atomic=atomic, check=check, result=result, meta=meta)
+            meta = ()
+            # Events that waited for what was just admitted get their turn now.
+            batch = self._pending.release(e.id for e in result.stored)
+            atomic = False
+        result.missing -= {e.id for e in result.stored}
+        return result
+
+    async def ingest_state(self, incoming: EntityState) -> IngestResult:
+        """Merge a state snapshot from a peer (ARCHITECTURE.md §7: a snapshot, not events).
+
+        Every backend is a state-based CRDT, so merging is always correct for the values;
+        the head becomes the maximal ids of both heads (by comparison; if the history
+        needed to decide is not here, both heads are kept, which later comparisons handle).
+        An older or equal snapshot is a no-op. Raises DecodeError for malformed buffers and
+        InvalidEvent for a snapshot that contradicts the entity (another collection).
+        """
+        result = IngestResult()
+        entity_id = incoming.entity_id
+        async with self.lock(entity_id):
+            entity = await self.load(entity_id)
+            if entity is not None and incoming.collection != entity.collection:
+                raise InvalidEvent(
+                    f"snapshot of {entity_id} names collection {incoming.collection!r}, "
+                    f"not {entity.collection!r}"
+                )
+            if entity is None or not entity.exists:
+                fresh = Entity.from_state(incoming)
+                before = Entity.empty(entity_id, incoming.collection).snapshot()
+                changed = set(fresh.values())
+                entity = fresh
+            else:
+                before = entity.snapshot()
+                head = await self._merged_head(entity, incoming)
+                if head is None:
+                    return result
+                try:
+                    changed = entity.merge_state(incoming)
+                except MyceliaError:
+                    self._residents.evict(entity_id)
+                    raise
+                entity.set_head(head)
+            self._residents.put(entity)
+            plan = _Plan(entity, before, [], [], changed)
+            await self._commit([plan], result, states_only=True)
+        return result
+
+    async def _merged_head(
+        self, entity: Entity, incoming: EntityState
+    ) -> dict[EventId, int] | None:
+        """The head after merging ``incoming`` (``None``: it adds nothing)."""
+        hints = {**entity.head_generations, **incoming.state.head_generations()}
+        getter = LocalGetter(StagingMap(), self._store, definitive=self._durable)
+        try:
+            outcome = await compare(
+                getter, incoming.state.head, entity.head, budget=self._budget, hints=hints
+            )
+        except EventNotFound:
+            log.info(
+                "merging a snapshot of %s without its history: keeping both heads", entity.entity_id
+            )
+            return hints
+        action = _action(outcome.relation)
+        if action is Action.NOTHING:
+            return None
+        if action is Action.REJECT:
+            raise _rejection(outcome.relation, entity.entity_id)
+        return dict(outcome.merged_head)
+
+    async def load(self, entity_id: EntityId) -> Entity | None:
+        """The resident entity, loading its stored state if needed (``None`` if unknown)."""
+        entity = self._residents.get(entity_id)
+        if entity is None:
+            stored = await self._store.get_state(entity_id)
+            if stored is not None:
+                entity = self._residents.put(Entity.from_state(stored))
+        return entity
+
+    def lock(self, entity_id: EntityId) -> asyncio.Lock:
+        """The lock that serialises changes to one entity."""
+        lock = self._locks.get(entity_id)
+        if lock is None:
+            lock = self._locks[entity_id] = asyncio.Lock()
+        return lock
+
+    async def _ingest_once(
+        self,
+        events: Sequence[Event],
+        *,
+        atomic: bool,
+        check: EventCheck | None,
+        result: IngestResult,
+        meta: tuple[tuple[str, bytes | None], ...],
+    ) -> None:
+        groups: dict[EntityId, list[Event]] = {}
+        for event in events:
+            groups.setdefault(event.entity_id, []).append(event)
+        async with AsyncExitStack() as stack:
+            for entity_id in sorted(groups):  # one global order: no deadlock between runs
+                await stack.enter_async_context(self.lock(entity_id))
+            wanted = {e.id for e in events} | {p for e in events for p in e.parent}
+            known = await self._store.get_events(wanted)
+            plans: list[_Plan] = []
+            for entity_id, group in groups.items():
+                try:
+                    plan = await self._plan(entity_id, group, known, result, atomic=atomic)
+                    if plan is not None and check is not None:
+                        after = plan.entity.snapshot()
+                        for applied in plan.applied:
+                            check(plan.before, after, applied)
+                except MyceliaError as exc:
+                    self._residents.evict(entity_id)
+                    if atomic:
+                        for plan in plans:
+                            self._residents.evict(plan.entity.entity_id)
+                        raise
+                    log.info("refused events for entity %s: %s", entity_id, exc)
+                    result.errors[entity_id] = exc
+                    continue
+                if plan is not None:
+                    plans.append(plan)
+            await self._commit(plans, result, meta=meta)
+
+    async def _commit(
+        self,
+        plans: list[_Plan],
+        result: IngestResult,
+        *,
+        states_only: bool = False,
+        meta: tuple[tuple[str, bytes | None], ...] = (),
+    ) -> None:
+        if not plans:
+            return
+        events = tuple(e for plan in plans for e in plan.staged)
+        states = tuple(
+            StoredState(p.entity.to_state(), p.entity.values())
+            for p in plans
+            if p.applied or states_only
+        )
+        try:
+            await self._store.write(WriteBatch(events=events, states=states, meta=meta))
+        except BaseException:
+            for plan in plans:
+                self._residents.evict(plan.entity.entity_id)
+            raise
+        result.stored.extend(events)
+        for plan in plans:
+            if plan.applied or (states_only and plan.changed):
+                result.changes.append(
+                    EntityChange(
+                        plan.before,
+                        plan.entity.snapshot(),
+                        tuple(plan.applied),
+                        frozenset(plan.changed),
+                    )
+                )
+
+    async def _plan(
+        self,
+        entity_id: EntityId,
+        group: list[Event],
+        known: Mapping[EventId, AdmittedEvent],
+        result: IngestResult,
+        *,
+        atomic: bool,
+    ) -> _Plan | None:
+        entity = await self.load(entity_id)
+        if entity is None:
+            entity = Entity.empty(entity_id, group[0].collection)
+        staging = self._admit(entity, group, known, result, atomic=atomic)
+        if not staging:
+            return None
+        staged = staging.staged()
+        before = entity.snapshot()
+        applied, head = await self._place(entity, staging, staged)
+        changed: set[str] = set()
+        try:
+            for event in applied:
+                changed |= entity.apply(event)
+        except MyceliaError:
+            self._residents.evict(entity_id)
+            raise
+        if applied:
+            entity.set_head(head)
+            self._residents.put(entity)
+        return _Plan(entity, before, staged, applied, changed)
+
+    async def _place(
+        self, entity: Entity, staging: StagingMap, staged: list[AdmittedEvent]
+    ) -> tuple[list[AdmittedEvent], Mapping[EventId, int]]:
+        """Which staged events the head lacks (parents first), and the head after them."""
+        if not entity.exists:
+            if not any(e.event.is_genesis for e in staged):
+                raise InvalidEvent(
+                    f"events for entity {entity.entity_id}, which does not exist here "
+                    "(its genesis was never received)"
+                )
+            parents = {p for e in staged for p in e.parent}
+            return staged, {e.id: e.generation for e in staged if e.id not in parents}
+        getter = LocalGetter(staging, self._store, definitive=self._durable)
+        outcome = await compare(
+            getter,
+            Clock(e.id for e in staged),
+            entity.head,
+            budget=self._budget,
+            hints=entity.head_generations,
+            known=staged,
+        )
+        action = _action(outcome.relation)
+        if action is Action.NOTHING:
+            return [], entity.head_generations
+        if action is Action.REJECT:
+            raise _rejection(outcome.relation, entity.entity_id)
+        return list(outcome.subject_only), outcome.merged_head
+
+    def _admit(
+        self,
+        entity: Entity,
+        group: list[Event],
+        known: Mapping[EventId, AdmittedEvent],
+        result: IngestResult,
+        *,
+        atomic: bool,
+    ) -> StagingMap:
+        """Stage the new events whose parents are known; hold the others."""
+        staging = StagingMap()
+        head = entity.head_generations
+        for event in topological_sort(group):
+            if event.id in known or event.id in staging or event.id in head:
+                continue  # already here: a no-op
+            if event.collection != entity.collection:
+                raise InvalidEvent(
+                    f"event {event.id} names collection {event.collection!r}, but entity "
+                    f"{entity.entity_id} lives in {entity.collection!r}"
+                )
+            if event.is_genesis:
+                self._check_genesis(event)
+                staging.stage(AdmittedEvent(event, 1))
+                continue
+            generations, missing = [], []
+            for parent in event.parent:
+                found = staging.get(parent) or known.get(parent)
+                if found is not None:
+                    if found.entity_id != event.entity_id:
+                        raise InvalidEvent(
+                            f"event {event.id} names parent {parent} of another entity"
+                        )
+                    generations.append(found.generation)
+                elif parent in head:
+                    generations.append(head[parent])
+                else:
+                    missing.append(parent)
+            if missing:
+                if atomic:
+                    raise EventNotFound(
+                        f"event {event.id} has parents this node does not know: "
+                        + ", ".join(map(str, missing)),
+                        event_id=missing[0],
+                    )
+                self._pending.hold(event, missing)
+                result.held.append(event.id)
+                result.missing.update(missing)
+                continue
+            staging.stage(AdmittedEvent(event, 1 + max(generations)))
+        return staging
+
+    def _check_genesis(self, event: Event) -> None:
+        root = self._system_root()
+        if event.system is None:
+            if event.collection != SYSTEM_COLLECTION:
+                raise InvalidEvent(f"genesis {event.id} binds no system but is not a root")
+            if root is not None and root != event.entity_id:
+                raise ForeignSystem(f"root {event.entity_id} is not this node's system {root}")
+            return
+        if root is None:
+            raise SystemNotReady("this node has no system root: create_system() or join_system()")
+        if event.system != root:
+            raise ForeignSystem(
+                f"entity {event.entity_id} was created in system {event.system}, not {root}"
+            )
+
+
+def _action(relation: Relation) -> Action:
+    if isinstance(relation, DivergedSince) and not relation.meet:
+        return Action.REJECT  # nothing in common with the head: not this entity's history
+    return VERDICTS[type(relation)]
+
+
+def _rejection(relation: Relation, entity_id: EntityId) -> MyceliaError:
+    if isinstance(relation, BudgetExceeded):
+        return BudgetExceededError(
+            f"placing events on entity {entity_id} needs more than {relation.budget} events "
+            "of history to be walked"
+        )
+    return DisjointError(f"events share no history with entity {entity_id}")

@@ -1,0 +1,154 @@
+"""Last-writer-wins registers: the declarative rule of ARCHITECTURE.md §5.
+
+The rule: a property's value is the one written by the winner among its causally maximal
+writers, ordered by ``(generation, event id)``. Because an ancestor always has a smaller
+generation than its descendants, the largest ``(generation, event id)`` among *all*
+writers of a property is always causally maximal, so the rule reduces to: **keep the
+write with the largest (generation, event id)**. That is a pure function of the set of
+events, so every delivery order, duplication and batching converges, and applying an
+event is O(its diff), with no DAG walk.
+
+Formats (canonical msgpack):
+
+- diff: ``[[property, encoded value], ...]`` sorted by property;
+- state buffer: ``[STATE_VERSION, [[property, encoded value, generation, event id], ...]]``
+  sorted by property (unknown properties from newer peers are kept like any other).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Final, Self
+
+from mycelia.entity.values import decode_value
+from mycelia.errors import DecodeError
+from mycelia.proto import AdmittedEvent, EventId
+from mycelia.proto.codec import expect_bytes, expect_int, expect_list, expect_name, pack, unpack
+from mycelia.proto.ids import ID_LENGTH
+
+__all__ = ["LwwBackend"]
+
+STATE_VERSION: Final = 1
+
+# property -> (encoded value, generation, event id)
+_Entry = tuple[bytes, int, bytes]
+
+
+class LwwBackend:
+    """LWW registers for one entity."""
+
+    name: ClassVar[str] = "lww"
+    __slots__ = ("_entries", "_pending")
+
+    def __init__(self, entries: dict[str, _Entry], pending: dict[str, bytes]) -> None:
+        self._entries = entries
+        self._pending = pending
+
+    @classmethod
+    def empty(cls) -> Self:
+        """No properties."""
+        return cls({}, {})
+
+    @classmethod
+    def from_state(cls, buffer: bytes) -> Self:
+        """Decode a state buffer; raises DecodeError if malformed."""
+        version, rows = expect_list(unpack(buffer, what="lww state"), "lww state", length=2)
+        if version != STATE_VERSION:
+            raise DecodeError(f"unknown lww state version {version!r}")
+        entries: dict[str, _Entry] = {}
+        for row in expect_list(rows, "lww entries"):
+            prop, value, generation, writer = expect_list(row, "lww entry", length=4)
+            entries[expect_name(prop, "property")] = (
+                expect_bytes(value, "value"),
+                expect_int(generation, "generation", minimum=1),
+                expect_bytes(writer, "writer", length=ID_LENGTH),
+            )
+        return cls(entries, {})
+
+    def to_state(self) -> bytes:
+        """Canonical state buffer."""
+        rows = [[p, *self._entries[p]] for p in sorted(self._entries)]
+        return pack([STATE_VERSION, rows])
+
+    def apply(self, event: AdmittedEvent, diffs: tuple[bytes, ...]) -> set[str]:
+        """Keep each write whose (generation, event id) beats the stored one."""
+        changed: set[str] = set()
+        rank = (event.generation, bytes(event.id))
+        entries = self._entries
+        for diff in diffs:
+            for prop, value in decode_diff(diff):
+                current = entries.get(prop)
+                # Within one event later diffs win (same rank); across events the larger
+                # rank wins. Re-applying an event rewrites identical entries: idempotent.
+                if current is None or rank >= (current[1], current[2]):
+                    if current is None or current[0] != value:
+                        changed.add(prop)
+                    entries[prop] = (value, rank[0], rank[1])
+        return changed
+
+    def merge(self, other: Self) -> set[str]:
+        """Per property, keep the entry with the larger (generation, event id)."""
+        changed: set[str] = set()
+        entries = self._entries
+        for prop, theirs in other._entries.items():
+            mine = entries.get(prop)
+            if mine is None or (theirs[1], theirs[2]) > (mine[1], mine[2]):
+                if mine is None or mine[0] != theirs[0]:
+                    changed.add(prop)
+                entries[prop] = theirs
+        return changed
+
+    def fork(self) -> Self:
+        """A copy (entries are immutable tuples, so a shallow copy is independent)."""
+        return type(self)(dict(self._entries), {})
+
+    def set(self, prop: str, encoded: bytes) -> None:
+        """Stage a local write of an encoded value (becomes part of :meth:`take_diff`)."""
+        self._pending[prop] = encoded
+
+    def take_diff(self) -> bytes | None:
+        """The staged writes as one diff, or ``None`` if there are none."""
+        if not self._pending:
+            return None
+        diff = encode_diff(self._pending)
+        self._pending = {}
+        return diff
+
+    def encoded(self, prop: str) -> bytes | None:
+        """The encoded value of ``prop`` as this copy sees it (staged writes included)."""
+        if prop in self._pending:
+            return self._pending[prop]
+        entry = self._entries.get(prop)
+        return None if entry is None else entry[0]
+
+    def writer(self, prop: str) -> tuple[int, EventId] | None:
+        """The (generation, event id) that wrote ``prop``'s current value (provenance)."""
+        entry = self._entries.get(prop)
+        return None if entry is None else (entry[1], EventId(entry[2]))
+
+    def properties(self) -> list[str]:
+        """Every property with a value (staged ones included), sorted."""
+        return sorted(set(self._entries) | set(self._pending))
+
+    def values(self) -> dict[str, object]:
+        """Decoded values of every committed property."""
+        return {p: decode_value(e[0]) for p, e in self._entries.items()}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LwwBackend) and self._entries == other._entries
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def encode_diff(writes: dict[str, bytes]) -> bytes:
+    """A diff from property → encoded value."""
+    return pack([[p, writes[p]] for p in sorted(writes)])
+
+
+def decode_diff(diff: bytes) -> list[tuple[str, bytes]]:
+    """The (property, encoded value) pairs of a diff; raises DecodeError if malformed."""
+    rows = expect_list(unpack(diff, what="lww diff"), "lww diff")
+    out = []
+    for row in rows:
+        prop, value = expect_list(row, "lww write", length=2)
+        out.append((expect_name(prop, "property"), expect_bytes(value, "value")))
+    return out

@@ -1,0 +1,130 @@
+"""Collaborative text: one pycrdt (Yrs) document per entity, one root text per property.
+
+Invariants (ARCHITECTURE.md §5 "Text"):
+
+- Diffs are Yrs updates; applying them is commutative and idempotent, so every replica
+  that applies the same set of events ends with identical text, whatever the order.
+- The state buffer is the document's full update (``Doc.get_update()``). Replicas with the
+  same content produce the same buffer in practice (Yrs encodes blocks per client in
+  client order), which the convergence tests record.
+- Local edits happen on a fork with its own Yrs client id; :meth:`take_diff` returns the
+  update since the fork (or the last diff). A client id must never be used by two live
+  forks at once (Yrs would mint two items with one id), so forks draw fresh ids from the
+  injected :class:`ClientIds`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, ClassVar, Self
+
+from pycrdt import Doc, Text
+
+from mycelia.errors import DecodeError
+from mycelia.proto import AdmittedEvent
+
+__all__ = ["ClientIds", "TextBackend"]
+
+
+class ClientIds:
+    """Yrs client ids for forks: fresh random 32-bit-ish ids (injectable for determinism)."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()  # ids, not secrets
+
+    def next(self) -> int:
+        """A client id unlikely to collide with any other replica's."""
+        return self._rng.getrandbits(52) | 1
+
+
+_DEFAULT_IDS = ClientIds()
+
+
+class TextBackend:
+    """Text properties of one entity, backed by one Yrs document."""
+
+    name: ClassVar[str] = "text"
+    __slots__ = ("_doc", "_mark")
+
+    def __init__(self, doc: Doc[Any], mark: bytes) -> None:
+        self._doc = doc
+        self._mark = mark  # state vector at the fork (or the last take_diff)
+
+    @classmethod
+    def empty(cls) -> Self:
+        """No text."""
+        doc: Doc[Any] = Doc(client_id=_DEFAULT_IDS.next())
+        return cls(doc, doc.get_state())
+
+    @classmethod
+    def from_state(cls, buffer: bytes) -> Self:
+        """Rebuild from a full update; raises DecodeError if malformed."""
+        doc: Doc[Any] = Doc(client_id=_DEFAULT_IDS.next())
+        _apply_update(doc, buffer)
+        return cls(doc, doc.get_state())
+
+    def to_state(self) -> bytes:
+        """The full document as one update."""
+        return bytes(self._doc.get_update())
+
+    def apply(self, event: AdmittedEvent, diffs: tuple[bytes, ...]) -> set[str]:
+        """Apply Yrs updates; returns the properties whose text changed."""
+        before = self.values()
+        for diff in diffs:
+            _apply_update(self._doc, diff)
+        after = self.values()
+        return {p for p in after if before.get(p) != after[p]}
+
+    def merge(self, other: Self) -> set[str]:
+        """Apply the other document's full state (Yrs updates are idempotent)."""
+        before = self.values()
+        _apply_update(self._doc, other.to_state())
+        after = self.values()
+        return {p for p in after if before.get(p) != after[p]}
+
+    def fork(self, ids: ClientIds | None = None) -> Self:
+        """A copy with its own client id (O(document): the update is re-applied)."""
+        doc: Doc[Any] = Doc(client_id=(ids or _DEFAULT_IDS).next())
+        doc.apply_update(self._doc.get_update())
+        return type(self)(doc, doc.get_state())
+
+    def text(self, prop: str) -> Text:
+        """The root text of ``prop`` (created empty on first use)."""
+        text: Text = self._doc.get(prop, type=Text)
+        return text
+
+    def edit(self) -> object:
+        """A context manager grouping edits into one Yrs transaction."""
+        return self._doc.transaction()
+
+    def take_diff(self) -> bytes | None:
+        """The edits since the fork (or the last diff) as one Yrs update, or ``None``."""
+        state = self._doc.get_state()
+        if state == self._mark:
+            return None
+        diff = bytes(self._doc.get_update(self._mark))
+        self._mark = state
+        return diff
+
+    def values(self) -> dict[str, object]:
+        """Every property's text (roots of other Yrs types, from a newer peer, are skipped)."""
+        doc = self._doc
+        out: dict[str, object] = {}
+        for key in list(doc.keys()):
+            try:
+                out[key] = str(doc.get(key, type=Text))
+            except (TypeError, ValueError):
+                continue
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TextBackend) and self.values() == other.values()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _apply_update(doc: Doc[Any], update: bytes) -> None:
+    try:
+        doc.apply_update(update)
+    except Exception as exc:  # pycrdt raises ValueError and panics as other types
+        raise DecodeError(f"malformed text update: {exc}") from exc

@@ -1,0 +1,190 @@
+"""One entity's materialised state: its head and its property backends (ARCHITECTURE.md §5).
+
+Invariants:
+
+- ``head`` maps each head event id to its generation and is an antichain: the applier only
+  ever sets it to the ``merged_head`` of a comparison (the maximal ids of old head and new
+  events), never by hand.
+- Backends are created on demand by name: ``lww`` and ``text`` are known; any other name
+  (from a newer peer) is kept by an :class:`OpaqueBackend`, so nothing is dropped.
+- :meth:`to_state` / :meth:`from_state` round-trip byte for byte.
+- Mutation happens only through :meth:`apply` and :meth:`set_head` (called by the applier
+  under the entity's lock) and on forks that transactions own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+from mycelia.entity.backends import Backend, ClientIds, LwwBackend, OpaqueBackend, TextBackend
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId, State
+
+__all__ = ["KNOWN_BACKENDS", "Entity", "Snapshot"]
+
+KNOWN_BACKENDS: Final[Mapping[str, type[LwwBackend] | type[TextBackend]]] = MappingProxyType(
+    {LwwBackend.name: LwwBackend, TextBackend.name: TextBackend}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A frozen view of an entity at one head: what views, policy and live queries read."""
+
+    entity_id: EntityId
+    collection: str
+    head: Clock
+    values: Mapping[str, object]
+
+    @property
+    def exists(self) -> bool:
+        """Whether the entity has been created (its head is not empty)."""
+        return bool(self.head)
+
+
+class Entity:
+    """Head (id → generation) plus backends for one entity."""
+
+    __slots__ = ("__weakref__", "_backends", "_head", "collection", "entity_id")
+
+    def __init__(
+        self,
+        entity_id: EntityId,
+        collection: str,
+        head: dict[EventId, int],
+        backends: dict[str, Backend],
+    ) -> None:
+        self.entity_id = entity_id
+        self.collection = collection
+        self._head = head
+        self._backends = backends
+
+    @classmethod
+    def empty(cls, entity_id: EntityId, collection: str) -> Entity:
+        """An entity that does not exist yet (empty head)."""
+        return cls(entity_id, collection, {}, {})
+
+    @classmethod
+    def from_state(cls, stored: EntityState) -> Entity:
+        """Materialise a stored state; raises DecodeError on a malformed buffer."""
+        backends: dict[str, Backend] = {
+            name: _backend_class(name).from_state(buffer) for name, buffer in stored.state.buffers
+        }
+        return cls(stored.entity_id, stored.collection, stored.state.head_generations(), backends)
+
+    def to_state(self) -> EntityState:
+        """The entity as a state snapshot (canonical buffers)."""
+        buffers = {name: b.to_state() for name, b in self._backends.items()}
+        return EntityState(
+            self.entity_id, self.collection, State.of(head=self._head, buffers=buffers)
+        )
+
+    @property
+    def head(self) -> Clock:
+        """The head clock."""
+        return Clock(self._head)
+
+    @property
+    def head_generations(self) -> dict[EventId, int]:
+        """The head as id → generation (a copy)."""
+        return dict(self._head)
+
+    @property
+    def exists(self) -> bool:
+        """Whether the entity has been created here."""
+        return bool(self._head)
+
+    def next_generation(self) -> int:
+        """The generation an event made on the current head will have."""
+        return 1 + max(self._head.values(), default=0)
+
+    def apply(self, event: AdmittedEvent) -> set[str]:
+        """Apply one event's operations to the backends (the head is set separately).
+
+        Returns the names of the properties whose values changed. Raises DecodeError for a
+        malformed diff; the caller then discards this copy of the entity.
+        """
+        changed: set[str] = set()
+        for name, diffs in event.event.operations:
+            changed |= self.backend(name).apply(event, diffs)
+        return changed
+
+    def merge_state(self, stored: EntityState) -> set[str]:
+        """Join another replica's state into this one (every backend is a state CRDT).
+
+        The head is not touched: the caller sets the merged head from a comparison.
+        Raises DecodeError for a malformed buffer (the caller discards this copy).
+        """
+        changed: set[str] = set()
+        for name, buffer in stored.state.buffers:
+            theirs = _backend_class(name).from_state(buffer)
+            mine = self.backend(name)
+            changed |= mine.merge(theirs)
+        return changed
+
+    def set_head(self, head: Mapping[EventId, int]) -> None:
+        """Replace the head (the applier passes a comparison's ``merged_head``)."""
+        self._head = dict(head)
+
+    def backend(self, name: str) -> Backend:
+        """The backend called ``name``, created empty on first use."""
+        backend = self._backends.get(name)
+        if backend is None:
+            backend = self._backends[name] = _backend_class(name).empty()
+        return backend
+
+    def lww(self) -> LwwBackend:
+        """The LWW backend."""
+        backend = self.backend(LwwBackend.name)
+        assert isinstance(backend, LwwBackend)
+        return backend
+
+    def text(self) -> TextBackend:
+        """The text backend."""
+        backend = self.backend(TextBackend.name)
+        assert isinstance(backend, TextBackend)
+        return backend
+
+    def has_backend(self, name: str) -> bool:
+        """Whether the backend exists yet (without creating it)."""
+        return name in self._backends
+
+    def fork(self, *, text_ids: ClientIds | None = None) -> Entity:
+        """An independent copy for a transaction (text forks draw a fresh client id)."""
+        backends: dict[str, Backend] = {}
+        for name, backend in self._backends.items():
+            if isinstance(backend, TextBackend):
+                backends[name] = backend.fork(text_ids)
+            else:
+                backends[name] = backend.fork()
+        return Entity(self.entity_id, self.collection, dict(self._head), backends)
+
+    def with_id(self, entity_id: EntityId) -> Entity:
+        """This entity's backends under another id (a create's draft, once its genesis exists)."""
+        return Entity(entity_id, self.collection, dict(self._head), self._backends)
+
+    def take_operations(self) -> dict[str, list[bytes]]:
+        """The local edits on this fork, as event operations (backend → diffs)."""
+        ops: dict[str, list[bytes]] = {}
+        for name, backend in self._backends.items():
+            diff = backend.take_diff()
+            if diff is not None:
+                ops[name] = [diff]
+        return ops
+
+    def values(self) -> dict[str, object]:
+        """Every property's current value (LWW values and text content)."""
+        out: dict[str, object] = {}
+        for backend in self._backends.values():
+            out.update(backend.values())
+        return out
+
+    def snapshot(self) -> Snapshot:
+        """A frozen view of the entity now."""
+        return Snapshot(self.entity_id, self.collection, self.head, MappingProxyType(self.values()))
+
+
+def _backend_class(name: str) -> type[LwwBackend] | type[TextBackend] | type[OpaqueBackend]:
+    return KNOWN_BACKENDS.get(name, OpaqueBackend)

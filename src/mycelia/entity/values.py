@@ -1,0 +1,66 @@
+"""Property values: what an LWW field may hold, and its canonical encoding.
+
+Invariants:
+
+- A value is ``None``, ``bool``, ``int`` (64-bit signed), ``float`` (not NaN), ``str``,
+  ``bytes`` (ids are bytes), or JSON containers of those (``dict`` with ``str`` keys,
+  ``list``), nested at most ``max_nesting_depth``.
+- :func:`encode_value` is canonical (dict keys sorted, tuples as lists), so two replicas
+  holding the same value hold the same bytes; :func:`decode_value` accepts only what
+  :func:`encode_value` can produce and raises :class:`~mycelia.errors.DecodeError`
+  otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mycelia.errors import DecodeError, InvalidArgument
+from mycelia.proto.codec import canonical_value, pack, unpack
+from mycelia.proto.limits import DEFAULT_LIMITS, Limits
+
+__all__ = ["Value", "check_value", "decode_value", "encode_value"]
+
+Value = object
+"""A property value (see the module docstring for what is allowed)."""
+
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+
+
+def check_value(value: object, *, limits: Limits = DEFAULT_LIMITS, depth: int = 0) -> object:
+    """``value`` in canonical form; raises InvalidArgument if it cannot be stored."""
+    if depth > limits.max_nesting_depth:
+        raise InvalidArgument(f"value nests deeper than {limits.max_nesting_depth}")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise InvalidArgument(f"integer {value} does not fit in 64 bits")
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise InvalidArgument("NaN cannot be stored (it equals nothing, itself included)")
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, (list, tuple)):
+        return [check_value(v, limits=limits, depth=depth + 1) for v in value]
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise InvalidArgument(f"object keys must be strings, not {type(key).__name__}")
+        return {k: check_value(value[k], limits=limits, depth=depth + 1) for k in sorted(value)}
+    raise InvalidArgument(f"a {type(value).__name__} cannot be stored in a field")
+
+
+def encode_value(value: object) -> bytes:
+    """The canonical bytes of a (checked) value."""
+    return pack(canonical_value(value))
+
+
+def decode_value(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> object:
+    """Decode :func:`encode_value`'s output; raises DecodeError for anything else."""
+    try:
+        return check_value(unpack(data, limits=limits, what="value"), limits=limits)
+    except InvalidArgument as exc:
+        raise DecodeError(str(exc)) from exc

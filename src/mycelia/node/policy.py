@@ -1,0 +1,96 @@
+"""Policy agents: who may connect, read, create and write (ARCHITECTURE.md §9).
+
+Every check runs **before anything is made durable**: a denial raises
+:class:`~mycelia.errors.PolicyDenied` and the whole transaction or remote commit persists
+nothing. Collections starting with ``_mycelia_`` are reserved: no context can write them,
+whatever the agent says (the node enforces that itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from mycelia.entity import Snapshot
+from mycelia.errors import PolicyDenied
+from mycelia.proto import AdmittedEvent, NodeId, is_reserved_collection
+
+__all__ = ["Credentials", "PeerInfo", "PermissiveAgent", "PolicyAgent", "check_not_reserved"]
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """Who a context acts as: an opaque token the agent understands (``None``: local)."""
+
+    token: bytes | None = None
+    subject: str | None = None
+    """A name for logs (the agent may fill it in when it verifies the token)."""
+
+
+LOCAL = Credentials()
+
+
+@dataclass(frozen=True, slots=True)
+class PeerInfo:
+    """What the node knows about a peer when it decides whether to accept it."""
+
+    node_id: NodeId
+    claims_durable: bool
+    dialed: bool
+    """Whether this node dialed the peer (a client trusts the server it chose)."""
+
+
+class PolicyAgent(Protocol):
+    """The decisions a node delegates. Raise PolicyDenied to refuse."""
+
+    def check_connect(self, peer: PeerInfo, credentials: Credentials) -> None:
+        """May this peer connect with these credentials?"""
+        ...
+
+    def trusts_durable(self, peer: PeerInfo) -> bool:
+        """May this peer be treated as durable (only asked for peers it did not dial)?"""
+        ...
+
+    def can_read(self, credentials: Credentials, snapshot: Snapshot) -> bool:
+        """May these credentials see this entity (get, fetch, subscribe, every update)?"""
+        ...
+
+    def check_event(
+        self,
+        credentials: Credentials,
+        before: Snapshot,
+        after: Snapshot,
+        event: AdmittedEvent,
+    ) -> None:
+        """May these credentials make this change (``before.exists`` is False: a create)?"""
+        ...
+
+
+class PermissiveAgent:
+    """Allows everything (the default for local use). Reserved collections stay reserved."""
+
+    def check_connect(self, peer: PeerInfo, credentials: Credentials) -> None:
+        """Everyone may connect."""
+
+    def trusts_durable(self, peer: PeerInfo) -> bool:
+        """Peers that dial in are never trusted as durable on their own word."""
+        return False
+
+    def can_read(self, credentials: Credentials, snapshot: Snapshot) -> bool:
+        """Everything is readable."""
+        return True
+
+    def check_event(
+        self,
+        credentials: Credentials,
+        before: Snapshot,
+        after: Snapshot,
+        event: AdmittedEvent,
+    ) -> None:
+        """Every write is allowed."""
+
+
+def check_not_reserved(collection: str) -> None:
+    """Refuse writes to ``_mycelia_`` collections (ARCHITECTURE.md §9)."""
+    if is_reserved_collection(collection):
+        raise PolicyDenied(f"collection {collection!r} is reserved for Mycelia itself")

@@ -1,0 +1,53 @@
+"""The in-memory executor: predicate, ORDER BY (entity id as the last tiebreak), LIMIT.
+
+Invariants:
+
+- :func:`sort_rows` is the reference result of a query over a set of rows; every storage
+  engine's pushdown must return exactly its list (the shared case file pins it).
+- Rows are ordered by their :func:`~mycelia.proto.query.keys.order_key` bytes, then by id
+  bytes ascending; LIMIT keeps the first ``limit`` rows of that order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+from mycelia.errors import InvalidArgument
+from mycelia.proto.query.evaluate import evaluate
+from mycelia.proto.query.keys import order_key
+from mycelia.proto.query.query import Query
+from mycelia.proto.query.syntax import Placeholder
+
+__all__ = ["sort_rows"]
+
+IdT = TypeVar("IdT", bound=bytes)
+RowT = TypeVar("RowT", bound=Mapping[str, object])
+
+
+def sort_rows(rows: Iterable[tuple[IdT, RowT]], query: Query) -> list[tuple[IdT, RowT]]:
+    """The ``(id, values)`` rows matching ``query``, in its order, at most ``limit`` of them.
+
+    Raises InvalidArgument if ``query`` still has placeholders (bind it first) or a row holds
+    a value outside the value model.
+    """
+    if query.placeholders:
+        raise InvalidArgument("the query has an unbound '?': call Query.bind first")
+    predicate, order_by = query.predicate, query.order_by
+    keyed = [
+        (order_key(values, order_by), bytes(row_id), row_id, values)
+        for row_id, values in rows
+        if evaluate(predicate, values)
+    ]
+    limit = query.limit
+    assert not isinstance(limit, Placeholder)
+    if limit is None:
+        keyed.sort(key=_sort_key)
+    else:
+        keyed = heapq.nsmallest(limit, keyed, key=_sort_key)
+    return [(row_id, values) for _, _, row_id, values in keyed]
+
+
+def _sort_key(entry: tuple[bytes, bytes, object, object]) -> tuple[bytes, bytes]:
+    return entry[0], entry[1]

@@ -1,0 +1,135 @@
+"""``MemoryStorage``: a real engine that keeps everything in memory.
+
+For tests, ephemeral nodes and embedding where durability is not wanted. It is not a test
+double: it implements the whole contract of :mod:`mycelia.storage.engine` and passes the
+same conformance suite as the durable engines. A write validates the whole batch before it
+changes anything, so a failing batch leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping
+
+from mycelia.errors import StorageError
+from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
+from mycelia.retrieval import StoredState, WriteBatch, WriteResult
+from mycelia.retrieval.readahead import events_with_ancestors
+from mycelia.storage.engine import FeedEntry
+
+__all__ = ["MemoryStorage"]
+
+
+class MemoryStorage:
+    """An in-memory storage engine."""
+
+    def __init__(self) -> None:
+        self._events: dict[EventId, AdmittedEvent] = {}
+        self._by_entity: dict[EntityId, dict[EventId, AdmittedEvent]] = {}
+        self._states: dict[EntityId, StoredState] = {}
+        self._by_collection: dict[str, dict[EntityId, StoredState]] = {}
+        self._feed: list[FeedEntry] = []
+        self._meta: dict[str, bytes] = {}
+        self._news = asyncio.Event()
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("this MemoryStorage is closed")
+
+    async def get_events(
+        self, ids: Collection[EventId], *, ahead: int = 0
+    ) -> Mapping[EventId, AdmittedEvent]:
+        """Known events among ``ids`` plus up to ``ahead`` ancestors."""
+        self._check_open()
+        events = self._events
+        if not ahead:
+            return {i: events[i] for i in ids if i in events}
+        return events_with_ancestors(events.get, ids, ahead)
+
+    async def event_stored(self, event_id: EventId) -> bool:
+        """Whether the event is stored."""
+        return event_id in self._events
+
+    async def events_of(self, entity_id: EntityId) -> list[AdmittedEvent]:
+        """The entity's events, parents first."""
+        self._check_open()
+        events = self._by_entity.get(entity_id, {})
+        return sorted(events.values(), key=lambda e: (e.generation, e.id))
+
+    async def get_state(self, entity_id: EntityId) -> EntityState | None:
+        """The stored state, or None."""
+        self._check_open()
+        stored = self._states.get(entity_id)
+        return None if stored is None else stored.state
+
+    async def get_states(self, ids: Collection[EntityId]) -> dict[EntityId, EntityState]:
+        """The stored states among ``ids``."""
+        self._check_open()
+        return {i: self._states[i].state for i in ids if i in self._states}
+
+    async def scan(self, collection: str) -> list[StoredState]:
+        """Every state of ``collection``."""
+        self._check_open()
+        return list(self._by_collection.get(collection, {}).values())
+
+    async def write(self, batch: WriteBatch) -> WriteResult:
+        """Apply the batch atomically (it is checked whole before anything changes)."""
+        self._check_open()
+        for stored in batch.states:
+            if not isinstance(stored.state, EntityState):
+                raise StorageError("a write batch holds something that is not a state")
+        new = frozenset(e.id for e in batch.events if e.id not in self._events)
+        for event in batch.events:
+            if event.id in new:
+                self._events[event.id] = event
+                self._by_entity.setdefault(event.entity_id, {})[event.id] = event
+        offsets = []
+        for stored in batch.states:
+            state = stored.state
+            self._states[state.entity_id] = stored
+            self._by_collection.setdefault(state.collection, {})[state.entity_id] = stored
+            offset = len(self._feed) + 1
+            self._feed.append(
+                FeedEntry(offset, state.entity_id, state.collection, state.state.head)
+            )
+            offsets.append(offset)
+        for key, value in batch.meta:
+            if value is None:
+                self._meta.pop(key, None)
+            else:
+                self._meta[key] = value
+        if offsets:
+            self._news.set()
+            self._news = asyncio.Event()
+        return WriteResult(new, tuple(offsets))
+
+    async def read_since(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:
+        """Feed rows after ``offset``."""
+        self._check_open()
+        return self._feed[max(offset, 0) : max(offset, 0) + limit]
+
+    async def last_offset(self) -> int:
+        """The newest offset."""
+        return len(self._feed)
+
+    async def get_meta(self, key: str) -> bytes | None:
+        """A node-level record."""
+        self._check_open()
+        return self._meta.get(key)
+
+    async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:  # noqa: ASYNC109 - a bounded wait is the contract
+        """Wait for a feed row beyond ``offset`` (or the timeout)."""
+        if len(self._feed) > offset:
+            return True
+        news = self._news
+        try:
+            async with asyncio.timeout(timeout):
+                await news.wait()
+        except TimeoutError:
+            return len(self._feed) > offset
+        return True
+
+    async def close(self) -> None:
+        """Drop everything."""
+        self._closed = True
