@@ -120,7 +120,7 @@ class _TextHandle(Text):
 class Draft:
     """A transaction's working copy of one entity: a fork plus what the transaction did."""
 
-    __slots__ = ("alive", "base", "entity", "model")
+    __slots__ = ("alive", "base", "entity", "model", "texts")
 
     def __init__(
         self, model: type[Model], entity: Entity, base: Snapshot, alive: Callable[[], bool]
@@ -129,6 +129,9 @@ class Draft:
         self.entity = entity
         self.base = base
         self.alive = alive
+        self.texts: dict[str, str] = {}
+        """Each edited text field's content as a Python string, kept in step with the
+        document (Yrs indexes by UTF-8 byte; users index by character)."""
 
     def _check(self) -> None:
         if not self.alive():
@@ -139,9 +142,7 @@ class Draft:
         self._check()
         spec = self.model._fields[field]
         if spec.backend == "text":
-            backend = self.entity.text()
-            value = str(backend.text(field)) if field in backend.values() else ""
-            return _TextHandle(value, self, field)
+            return _TextHandle(self._text(field), self, field)
         encoded = self.entity.lww().encoded(field)
         if encoded is None:
             return spec.default
@@ -159,26 +160,45 @@ class Draft:
             with self.entity.text().edit():  # type: ignore[attr-defined]
                 del text[0 : len(text)]
                 text.insert(0, str(checked))
+            self.texts[field] = str(checked)
             return
         self.entity.lww().set(field, encode_value(checked))
 
+    def _text(self, field: str) -> str:
+        cached = self.texts.get(field)
+        if cached is None:
+            backend = self.entity.text()
+            cached = str(backend.text(field)) if field in backend.values() else ""
+            self.texts[field] = cached
+        return cached
+
     def text_insert(self, field: str, index: int, text: str) -> None:
-        """Insert into a text field."""
+        """Insert ``text`` at character ``index`` of a text field."""
         self._check()
-        target = self.entity.text().text(field)
-        if not 0 <= index <= len(target):
-            raise InvalidArgument(f"insert at {index} is outside {field!r} (length {len(target)})")
-        target.insert(index, text)
+        current = self._text(field)
+        if not 0 <= index <= len(current):
+            raise InvalidArgument(f"insert at {index} is outside {field!r} (length {len(current)})")
+        self.entity.text().text(field).insert(_byte_offset(current, index), text)
+        self.texts[field] = current[:index] + text + current[index:]
 
     def text_delete(self, field: str, index: int, length: int) -> None:
-        """Delete from a text field."""
+        """Delete ``length`` characters from character ``index`` of a text field."""
         self._check()
-        target = self.entity.text().text(field)
-        if index < 0 or length < 0 or index + length > len(target):
+        current = self._text(field)
+        if index < 0 or length < 0 or index + length > len(current):
             raise InvalidArgument(
-                f"delete of {length} at {index} is outside {field!r} (length {len(target)})"
+                f"delete of {length} at {index} is outside {field!r} (length {len(current)})"
             )
-        del target[index : index + length]
+        if length:
+            start = _byte_offset(current, index)
+            stop = _byte_offset(current, index + length)
+            del self.entity.text().text(field)[start:stop]
+            self.texts[field] = current[:index] + current[index + length :]
+
+
+def _byte_offset(text: str, index: int) -> int:
+    """The UTF-8 byte offset of character ``index`` (Yrs counts bytes, users characters)."""
+    return index if text.isascii() else len(text[:index].encode("utf-8"))
 
 
 class Model:

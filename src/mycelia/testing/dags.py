@@ -34,6 +34,9 @@ from mycelia.proto import EMPTY_CLOCK, AdmittedEvent, Clock, EntityId, Event, Ev
 
 __all__ = ["Dag", "DagShape", "ancestry", "dag_shapes", "oracle_relation"]
 
+_LABEL = "x_label"
+"""The backend name of the default operations: opaque to nodes, so any node accepts them."""
+
 
 class Dag:
     """Named events of one DAG, with generations; see the module docstring."""
@@ -52,12 +55,16 @@ class Dag:
             raise ValueError("add a root first")
         return self._entity
 
-    def root(self, name: str, *, salt: bytes = b"") -> AdmittedEvent:
+    def root(
+        self, name: str, *, salt: bytes = b"", ops: Mapping[str, list[bytes]] | None = None
+    ) -> AdmittedEvent:
         """A genesis named ``name`` (the first one is the DAG's entity)."""
         nonce = (name.encode() + salt + bytes(16))[:16]
-        ops = {"lww": [name.encode() + salt]}
         event = Event.genesis(
-            collection=self.collection, system=self.system, operations=ops, nonce=nonce
+            collection=self.collection,
+            system=self.system,
+            operations=ops if ops is not None else {_LABEL: [name.encode() + salt]},
+            nonce=nonce,
         )
         if self._entity is None:
             self._entity = event.entity_id
@@ -76,7 +83,7 @@ class Dag:
             entity_id=self.entity_id,
             collection=self.collection,
             parent=Clock(p.id for p in parent_events),
-            operations=ops if ops is not None else {"lww": [name.encode() + salt]},
+            operations=ops if ops is not None else {_LABEL: [name.encode() + salt]},
         )
         generation = 1 + max(p.generation for p in parent_events)
         return self._add(name, AdmittedEvent(event, generation))
@@ -91,7 +98,7 @@ class Dag:
                 entity_id=self.entity_id,
                 collection=self.collection,
                 parent=Clock(self.by_name[p].id for p in parents),
-                operations={"lww": [name.encode() + salt]},
+                operations={_LABEL: [name.encode() + salt]},
             )
             if above is not None and not candidate.id > self.by_name[above].id:
                 continue
