@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -52,12 +54,12 @@ def test_lww_passes_the_conformance_suite(shape: DagShape, data: st.DataObject) 
 
 def _text_updates(count: int, seed: int) -> list[bytes]:
     """Concurrent edits by ``count`` writers on one base document."""
-    base: Doc = Doc(client_id=1)
+    base: Doc[Any] = Doc(client_id=1)
     base.get("body", type=Text).insert(0, "hello world")
     base_update = base.get_update()
     updates = [base_update]
     for writer in range(count):
-        doc: Doc = Doc(client_id=100 + writer)
+        doc: Doc[Any] = Doc(client_id=100 + writer)
         doc.apply_update(base_update)
         state = doc.get_state()
         text = doc.get("body", type=Text)
@@ -72,7 +74,7 @@ def _text_updates(count: int, seed: int) -> list[bytes]:
 @pytest.mark.parametrize("writers", [1, 2, 4])
 def test_text_passes_the_conformance_suite(writers: int) -> None:
     updates = _text_updates(writers, seed=writers)
-    shape = DagShape(((),) + tuple((0,) for _ in range(writers)))
+    shape = DagShape(((), *((0,) for _ in range(writers))))
     events = history(shape, lambda i: {"text": [updates[i]]})
     check_backend(TextBackend, events)  # the Yrs encoding is order independent here too
 
@@ -120,4 +122,4 @@ def test_malformed_text_update_is_a_decode_error() -> None:
 def test_an_unknown_backend_keeps_its_diffs_in_an_order_independent_buffer() -> None:
     shape = DagShape(((), (0,), (0,)))
     events = history(shape, lambda i: {"future": [bytes([i])]})
-    check_backend(OpaqueBackend, events)  # type: ignore[arg-type]
+    check_backend(OpaqueBackend, events)

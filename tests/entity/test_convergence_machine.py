@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -22,6 +24,7 @@ from mycelia.proto import AdmittedEvent, EntityId
 from mycelia.storage import MemoryStorage
 
 NODES = 3
+T = TypeVar("T")
 
 
 class Note(Model, collection="notes"):
@@ -37,7 +40,7 @@ class Convergence(RuleBasedStateMachine):
         self.nodes: list[Node] = self.run(self._open())
         self.entities: list[EntityId] = []
 
-    def run(self, coro):  # type: ignore[no-untyped-def]
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
     async def _open(self) -> list[Node]:

@@ -128,7 +128,8 @@ async def test_redelivery_is_a_no_op() -> None:
     before = await node.storage.last_offset()
     for _ in range(3):
         result = await node.ingest([dag["A"], dag["G"], dag["A"]])
-        assert not result.changes and not result.stored
+        assert not result.changes
+        assert not result.stored
     assert await node.storage.last_offset() == before
     events = await node.storage.events_of(dag["G"].entity_id)
     assert [e.id for e in events] == [dag.id("G"), dag.id("A")]

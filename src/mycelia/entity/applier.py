@@ -320,7 +320,7 @@ class Applier:
             return
         events = tuple(e for plan in plans for e in plan.staged)
         states = tuple(
-            StoredState(p.entity.to_state(), p.entity.values())
+            StoredState(p.entity.to_state(), p.entity.snapshot().values)
             for p in plans
             if p.applied or states_only
         )
@@ -384,6 +384,10 @@ class Applier:
                 )
             parents = {p for e in staged for p in e.parent}
             return staged, {e.id: e.generation for e in staged if e.id not in parents}
+        if len(staged) == 1 and staged[0].parent == entity.head:
+            # The linear case (one event made on exactly this head): the comparison would
+            # conclude StrictDescends on its first step; skip building it.
+            return staged, {staged[0].id: staged[0].generation}
         getter = LocalGetter(staging, self._store, definitive=self._durable)
         outcome = await compare(
             getter,
@@ -412,7 +416,7 @@ class Applier:
         """Stage the new events whose parents are known; hold the others."""
         staging = StagingMap()
         head = entity.head_generations
-        for event in topological_sort(group):
+        for event in group if len(group) == 1 else topological_sort(group):
             if event.id in known or event.id in staging or event.id in head:
                 continue  # already here: a no-op
             if event.collection != entity.collection:

@@ -47,7 +47,15 @@ class Snapshot:
 class Entity:
     """Head (id → generation) plus backends for one entity."""
 
-    __slots__ = ("__weakref__", "_backends", "_head", "collection", "entity_id")
+    __slots__ = (
+        "__weakref__",
+        "_backends",
+        "_clock",
+        "_head",
+        "_snapshot",
+        "collection",
+        "entity_id",
+    )
 
     def __init__(
         self,
@@ -60,6 +68,8 @@ class Entity:
         self.collection = collection
         self._head = head
         self._backends = backends
+        self._snapshot: Snapshot | None = None  # valid until the next change
+        self._clock: Clock | None = None  # the head as a Clock, until it changes
 
     @classmethod
     def empty(cls, entity_id: EntityId, collection: str) -> Entity:
@@ -84,7 +94,10 @@ class Entity:
     @property
     def head(self) -> Clock:
         """The head clock."""
-        return Clock(self._head)
+        clock = self._clock
+        if clock is None:
+            clock = self._clock = Clock(self._head)
+        return clock
 
     @property
     def head_generations(self) -> dict[EventId, int]:
@@ -106,6 +119,7 @@ class Entity:
         Returns the names of the properties whose values changed. Raises DecodeError for a
         malformed diff; the caller then discards this copy of the entity.
         """
+        self._snapshot = None
         changed: set[str] = set()
         for name, diffs in event.event.operations:
             changed |= self.backend(name).apply(event, diffs)
@@ -117,6 +131,7 @@ class Entity:
         The head is not touched: the caller sets the merged head from a comparison.
         Raises DecodeError for a malformed buffer (the caller discards this copy).
         """
+        self._snapshot = None
         changed: set[str] = set()
         for name, buffer in stored.state.buffers:
             theirs = _backend_class(name).from_state(buffer)
@@ -126,6 +141,8 @@ class Entity:
 
     def set_head(self, head: Mapping[EventId, int]) -> None:
         """Replace the head (the applier passes a comparison's ``merged_head``)."""
+        self._snapshot = None
+        self._clock = None
         self._head = dict(head)
 
     def backend(self, name: str) -> Backend:
@@ -133,6 +150,8 @@ class Entity:
         backend = self._backends.get(name)
         if backend is None:
             backend = self._backends[name] = _backend_class(name).empty()
+        # A caller may edit through the backend (drafts do): the snapshot cannot be trusted.
+        self._snapshot = None
         return backend
 
     def lww(self) -> LwwBackend:
@@ -182,8 +201,12 @@ class Entity:
         return out
 
     def snapshot(self) -> Snapshot:
-        """A frozen view of the entity now."""
-        return Snapshot(self.entity_id, self.collection, self.head, MappingProxyType(self.values()))
+        """A frozen view of the entity now (cached until the entity changes)."""
+        snapshot = self._snapshot
+        if snapshot is None:
+            values = MappingProxyType(self.values())
+            snapshot = self._snapshot = Snapshot(self.entity_id, self.collection, self.head, values)
+        return snapshot
 
 
 def _backend_class(name: str) -> type[LwwBackend] | type[TextBackend] | type[OpaqueBackend]:

@@ -310,6 +310,8 @@ def _spec(cls: type[Model], name: str, hint: object) -> FieldSpec:
     has_default = name in cls.__dict__
     default = cls.__dict__.get(name)
     backend, check, wrap = _kind(cls, name, hint)
+    if check is check_value:
+        optional = True  # JSON's null is a JSON value
     if backend == "text":
         has_default, default = True, Text(default if isinstance(default, str) else "")
 

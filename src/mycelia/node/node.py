@@ -13,7 +13,14 @@ from collections.abc import Awaitable, Callable, Generator, Iterable
 from types import TracebackType
 from typing import Final
 
-from mycelia.entity import Applier, EntityChange, IngestResult, PendingPool, Residents
+from mycelia.entity import (
+    Applier,
+    EntityChange,
+    EventCheck,
+    IngestResult,
+    PendingPool,
+    Residents,
+)
 from mycelia.entity.backends import ClientIds
 from mycelia.errors import ForeignSystem, InvalidArgument, InvalidEvent, LocalProtocolError
 from mycelia.node.context import Context
@@ -172,9 +179,9 @@ class Node:
         result.raise_first()
         return result
 
-    async def commit_local(self, events: list[Event]) -> IngestResult:
-        """Commit a transaction's events atomically (policy has been checked)."""
-        result = await self.applier.ingest(events, atomic=True)
+    async def commit_local(self, events: list[Event], *, check: EventCheck) -> IngestResult:
+        """Commit a transaction's events atomically; ``check`` runs before anything is durable."""
+        result = await self.applier.ingest(events, atomic=True, check=check)
         self._notify(result.changes)
         return result
 

@@ -118,23 +118,26 @@ class Transaction:
         return model._handle(draft)
 
     async def commit(self) -> None:
-        """Make every change durable at once (or nothing, on any error)."""
+        """Make every change durable at once (or nothing, on any error).
+
+        Policy is checked on every event, against the entity before and after, before
+        anything is written; a denial raises PolicyDenied and persists nothing.
+        """
         self._check_open()
         self._open = False
         events: list[Event] = []
-        checks: list[tuple[Snapshot, Snapshot, AdmittedEvent]] = []
         for entity_id, draft in self._drafts.items():
             mine = self._events_of(entity_id, draft)
-            if not mine:
-                continue
-            check_not_reserved(draft.entity.collection)
-            after = draft.entity.snapshot()
-            checks.extend((draft.base, after, e) for e in mine)
-            events.extend(e.event for e in mine)
-        for before, after, event in checks:  # every check before anything is durable
-            self._node.policy.check_event(self._credentials, before, after, event)
+            if mine:
+                check_not_reserved(draft.entity.collection)
+                events.extend(mine)
         if events:
-            await self._node.commit_local(events)
+            policy, credentials = self._node.policy, self._credentials
+
+            def check(before: Snapshot, after: Snapshot, event: AdmittedEvent) -> None:
+                policy.check_event(credentials, before, after, event)
+
+            await self._node.commit_local(events, check=check)
 
     async def rollback(self) -> None:
         """Discard every change."""
@@ -142,24 +145,21 @@ class Transaction:
         self._open = False
         self._drafts.clear()
 
-    def _events_of(self, entity_id: EntityId, draft: Draft) -> list[AdmittedEvent]:
+    def _events_of(self, entity_id: EntityId, draft: Draft) -> list[Event]:
         """This draft's events: its genesis (if created here), then one update of its edits."""
         out = []
         genesis = self._created.get(entity_id)
         if genesis is not None:
-            out.append(AdmittedEvent(genesis, 1))
+            out.append(genesis)
         operations = draft.entity.take_operations()
         if operations:
-            parent = draft.entity.head
-            update = Event.update(
-                entity_id=entity_id,
-                collection=draft.entity.collection,
-                parent=parent,
-                operations=operations,
-                limits=self._node.limits,
+            out.append(
+                Event.update(
+                    entity_id=entity_id,
+                    collection=draft.entity.collection,
+                    parent=draft.entity.head,
+                    operations=operations,
+                    limits=self._node.limits,
+                )
             )
-            admitted = AdmittedEvent(update, draft.entity.next_generation())
-            draft.entity.apply(admitted)  # the fork now shows the committed values
-            draft.entity.set_head({update.id: admitted.generation})
-            out.append(admitted)
         return out

@@ -37,11 +37,12 @@ class LwwBackend:
     """LWW registers for one entity."""
 
     name: ClassVar[str] = "lww"
-    __slots__ = ("_entries", "_pending")
+    __slots__ = ("_decoded", "_entries", "_pending")
 
     def __init__(self, entries: dict[str, _Entry], pending: dict[str, bytes]) -> None:
         self._entries = entries
         self._pending = pending
+        self._decoded: dict[str, object] | None = None  # values(), until the next change
 
     @classmethod
     def empty(cls) -> Self:
@@ -83,6 +84,8 @@ class LwwBackend:
                     if current is None or current[0] != value:
                         changed.add(prop)
                     entries[prop] = (value, rank[0], rank[1])
+        if changed:
+            self._decoded = None
         return changed
 
     def merge(self, other: Self) -> set[str]:
@@ -95,11 +98,15 @@ class LwwBackend:
                 if mine is None or mine[0] != theirs[0]:
                     changed.add(prop)
                 entries[prop] = theirs
+        if changed:
+            self._decoded = None
         return changed
 
     def fork(self) -> Self:
         """A copy (entries are immutable tuples, so a shallow copy is independent)."""
-        return type(self)(dict(self._entries), {})
+        copy = type(self)(dict(self._entries), {})
+        copy._decoded = self._decoded  # values are immutable once decoded
+        return copy
 
     def set(self, prop: str, encoded: bytes) -> None:
         """Stage a local write of an encoded value (becomes part of :meth:`take_diff`)."""
@@ -131,7 +138,9 @@ class LwwBackend:
 
     def values(self) -> dict[str, object]:
         """Decoded values of every committed property."""
-        return {p: decode_value(e[0]) for p, e in self._entries.items()}
+        if self._decoded is None:
+            self._decoded = {p: decode_value(e[0]) for p, e in self._entries.items()}
+        return dict(self._decoded)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LwwBackend) and self._entries == other._entries

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Protocol, Self
+from typing import ClassVar, Protocol, Self
 
 from mycelia.proto import AdmittedEvent
 
@@ -28,7 +28,7 @@ __all__ = ["ConformingBackend", "check_backend"]
 class ConformingBackend(Protocol):
     """The part of the backend protocol the suite exercises."""
 
-    name: str
+    name: ClassVar[str]
 
     @classmethod
     def empty(cls) -> Self: ...
