@@ -7,11 +7,15 @@ for the contract and README.md for a tour.
 
 from mycelia.entity.model import Json, Model, Ref, Text
 from mycelia.node import Context, Credentials, Node, PolicyAgent, Transaction
+from mycelia.node.client import Connection, ConnectionState, connect
+from mycelia.node.server import Server, serve
 from mycelia.proto import AdmittedEvent, Clock, EntityId, Event, EventId
 
 __all__ = [
     "AdmittedEvent",
     "Clock",
+    "Connection",
+    "ConnectionState",
     "Context",
     "Credentials",
     "EntityId",
@@ -22,7 +26,10 @@ __all__ = [
     "Node",
     "PolicyAgent",
     "Ref",
+    "Server",
     "Text",
     "Transaction",
+    "connect",
+    "serve",
 ]
 __version__ = "0.1.0"

@@ -175,17 +175,24 @@ class Applier:
         atomic: bool = False,
         check: EventCheck | None = None,
         meta: tuple[tuple[str, bytes | None], ...] = (),
+        dry_run: bool = False,
     ) -> IngestResult:
         """Admit, apply and commit ``events`` (any order, duplicates welcome).
 
         ``meta`` records are written in the same storage write as the first batch.
+        ``dry_run`` does everything but the write (and forgets what it applied): the checks
+        run, the errors are raised, nothing changes.
         Raises (atomic runs, or any run's storage failure) the first MyceliaError; in
         non-atomic runs refused entities are reported in the result instead.
         """
         result = IngestResult()
         batch = list(events)
         while batch:
-            await self._ingest_once(batch, atomic=atomic, check=check, result=result, meta=meta)
+            await self._ingest_once(
+                batch, atomic=atomic, check=check, result=result, meta=meta, dry_run=dry_run
+            )
+            if dry_run:
+                return result
             meta = ()
             # Events that waited for what was just admitted get their turn now.
             batch = self._pending.release(e.id for e in result.stored)
@@ -278,6 +285,7 @@ class Applier:
         check: EventCheck | None,
         result: IngestResult,
         meta: tuple[tuple[str, bytes | None], ...],
+        dry_run: bool = False,
     ) -> None:
         groups: dict[EntityId, list[Event]] = {}
         for event in events:
@@ -306,6 +314,10 @@ class Applier:
                     continue
                 if plan is not None:
                     plans.append(plan)
+            if dry_run:
+                for plan in plans:
+                    self._residents.evict(plan.entity.entity_id)
+                return
             await self._commit(plans, result, meta=meta)
 
     async def _commit(

@@ -9,11 +9,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
+from mycelia.entity import Snapshot
 from mycelia.entity.model import Model
-from mycelia.errors import EntityNotFound
+from mycelia.errors import ConnectionClosed, EntityNotFound, RequestTimeout
+from mycelia.node.deltas import query_rows
+from mycelia.node.live import LiveQuery
 from mycelia.node.policy import Credentials
 from mycelia.node.transaction import Transaction
 from mycelia.proto import AdmittedEvent, EntityId
+from mycelia.proto.peering import (
+    Delta,
+    DeltasResponse,
+    FetchRequest,
+    GetRequest,
+    KnownEntity,
+    StatesResponse,
+)
+from mycelia.proto.query import parse
 
 if TYPE_CHECKING:
     from mycelia.node.node import Node
@@ -42,8 +54,21 @@ class Context:
     async def get(self, model: type[M], entity_id: EntityId) -> M:
         """A frozen view of the entity.
 
-        Raises EntityNotFound if it is unknown here, not a ``model``, or not readable.
+        On an ephemeral node with a connected durable peer, its current state is asked
+        for first and merged. Raises EntityNotFound if it is unknown, not a ``model``, or
+        not readable.
         """
+        upstream = self._node.upstream
+        if upstream is not None and upstream.peer is not None and upstream.peer.ready:
+            try:
+                response = await upstream.request(lambda rid: GetRequest(rid, (entity_id,)))
+            except (ConnectionClosed, RequestTimeout):
+                pass  # offline: answer from what is here
+            else:
+                assert isinstance(response, StatesResponse)
+                await upstream.apply_deltas(
+                    tuple(Delta(s.entity_id, s.collection, True, s, ()) for s in response.states)
+                )
         entity = await self._node.applier.load(entity_id)
         if entity is None or not entity.exists or entity.collection != model.__collection__:
             raise EntityNotFound(f"no {model.__name__} with id {entity_id} here")
@@ -51,6 +76,42 @@ class Context:
         if not self._node.policy.can_read(self.credentials, snapshot):
             raise EntityNotFound(f"no {model.__name__} with id {entity_id} here")
         return model._view(snapshot)
+
+    async def fetch(self, model: type[M], query: str, *args: object) -> list[M]:
+        """A one-shot query: the matching entities' views, in query order.
+
+        On an ephemeral node with a connected durable peer, the peer is asked first (with
+        the heads held here, so only what is missing travels) and the answer applied.
+        Raises QueryError for a bad query and InvalidArgument for bad arguments.
+        """
+        bound = parse(query).bind(*args)
+        collection = model.__collection__
+        upstream = self._node.upstream
+        if upstream is not None and upstream.peer is not None and upstream.peer.ready:
+            known = [
+                KnownEntity(stored.state.entity_id, stored.state.state.head.ids)
+                for stored in await query_rows(self._node.storage, collection, bound)
+            ]
+            try:
+                response = await upstream.request(
+                    lambda rid: FetchRequest(rid, collection, query, args, tuple(known))
+                )
+            except (ConnectionClosed, RequestTimeout):
+                pass  # offline: answer from what is here
+            else:
+                assert isinstance(response, DeltasResponse)
+                await upstream.apply_deltas(response.deltas)
+        views = []
+        for stored in await query_rows(self._node.storage, collection, bound):
+            state = stored.state
+            snapshot = Snapshot(state.entity_id, state.collection, state.state.head, stored.values)
+            if self._node.policy.can_read(self.credentials, snapshot):
+                views.append(model._view(snapshot))
+        return views
+
+    def query(self, model: type[M], query: str, *args: object) -> LiveQuery[M]:
+        """A live query: ``async with ctx.query(Album, "year > ?", 1985) as live: ...``."""
+        return LiveQuery(self, model, query, args)
 
     async def history(self, model: type[M], entity_id: EntityId) -> list[AdmittedEvent]:
         """The entity's stored events, parents first (by generation, then id)."""

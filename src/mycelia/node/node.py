@@ -8,11 +8,13 @@ merging itself: the applier does; it owns the parts and their lifetimes
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from types import TracebackType
 from typing import Final
 
+from mycelia import errors
 from mycelia.entity import (
     Applier,
     EntityChange,
@@ -22,9 +24,23 @@ from mycelia.entity import (
     Residents,
 )
 from mycelia.entity.backends import ClientIds
-from mycelia.errors import ForeignSystem, InvalidArgument, InvalidEvent, LocalProtocolError
+from mycelia.errors import (
+    ConnectionClosed,
+    ForeignSystem,
+    InvalidArgument,
+    InvalidEvent,
+    LocalProtocolError,
+    MyceliaError,
+    RemoteError,
+    RequestTimeout,
+)
+from mycelia.node.client import Connection, ConnectionState
 from mycelia.node.context import Context
+from mycelia.node.identity import KEY_META, NodeKey
+from mycelia.node.live import Reactor
+from mycelia.node.outbox import Outbox
 from mycelia.node.policy import LOCAL, Credentials, PermissiveAgent, PolicyAgent
+from mycelia.node.serving import Responder
 from mycelia.proto import (
     DEFAULT_LIMITS,
     SYSTEM_COLLECTION,
@@ -32,7 +48,10 @@ from mycelia.proto import (
     EntityId,
     Event,
     Limits,
+    NodeId,
 )
+from mycelia.proto.peering import CommitRequest
+from mycelia.retrieval import WriteBatch
 from mycelia.storage import StorageEngine
 
 __all__ = ["ChangeListener", "Node"]
@@ -56,8 +75,10 @@ class Node:
         policy: PolicyAgent,
         limits: Limits,
         root: EntityId | None,
+        key: NodeKey,
     ) -> None:
         self.storage = storage
+        self.key = key
         self.durable = durable
         self.policy = policy
         self.limits = limits
@@ -72,7 +93,12 @@ class Node:
             pending=PendingPool(),
         )
         self._listeners: list[ChangeListener] = []
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.outbox = Outbox(storage)
+        self.upstream: Connection | None = None
+        self.responder = Responder(self)
+        self.reactor = Reactor(self)
 
     @classmethod
     def open(
@@ -97,9 +123,25 @@ class Node:
     ) -> Node:
         raw = await storage.get_meta(ROOT_KEY)
         root = EntityId(raw) if raw is not None else None
+        stored_key = await storage.get_meta(KEY_META)
+        if stored_key is None:
+            key = NodeKey.generate()
+            await storage.write(WriteBatch(meta=((KEY_META, key.private_bytes()),)))
+        else:
+            key = NodeKey.from_private_bytes(stored_key)
         return cls(
-            storage, durable=durable, policy=policy or PermissiveAgent(), limits=limits, root=root
+            storage,
+            durable=durable,
+            policy=policy or PermissiveAgent(),
+            limits=limits,
+            root=root,
+            key=key,
         )
+
+    @property
+    def node_id(self) -> NodeId:
+        """This node's id: its Ed25519 public key."""
+        return self.key.node_id
 
     @property
     def system_root(self) -> EntityId | None:
@@ -175,17 +217,70 @@ class Node:
         if len(batch) > self.limits.max_batch_events * 100:
             raise InvalidArgument("ingest at most 100 batches' worth of events at a time")
         result = await self.applier.ingest(batch)
-        self._notify(result.changes)
+        self.notify(result.changes)
         result.raise_first()
         return result
 
     async def commit_local(self, events: list[Event], *, check: EventCheck) -> IngestResult:
-        """Commit a transaction's events atomically; ``check`` runs before anything is durable."""
-        result = await self.applier.ingest(events, atomic=True, check=check)
-        self._notify(result.changes)
+        """Commit a transaction's events atomically; ``check`` runs before anything is durable.
+
+        A durable node commits here. An ephemeral node checks locally first, then commits
+        on its durable peer when connected (a refusal there persists nothing anywhere), then
+        here; with no peer reachable the commit is durable here and owed (the outbox).
+        """
+        if self.durable:
+            result = await self.applier.ingest(events, atomic=True, check=check)
+        else:
+            result = await self._commit_ephemeral(events, check)
+        self.notify(result.changes)
         return result
 
-    def _notify(self, changes: list[EntityChange]) -> None:
+    async def _commit_ephemeral(self, events: list[Event], check: EventCheck) -> IngestResult:
+        await self.applier.ingest(events, atomic=True, check=check, dry_run=True)
+        upstream = self.upstream
+        if upstream is not None and upstream.state is ConnectionState.READY:
+            try:
+                await upstream.request(lambda rid: CommitRequest(rid, tuple(events)))
+            except RemoteError as exc:
+                raise _local_error(exc) from exc
+            except (ConnectionClosed, RequestTimeout):
+                log.info("server unreachable during a commit: keeping it owed")
+            else:
+                return await self.applier.ingest(events, atomic=True, check=check)
+        async with self.outbox.lock:
+            record = await self.outbox.owe(events)
+            result = await self.applier.ingest(events, atomic=True, check=check, meta=record)
+            self.outbox.committed(record)
+        return result
+
+    async def commit_remote(self, events: list[Event], *, check: EventCheck) -> IngestResult:
+        """Commit events a peer sent (all-or-nothing; ``check`` runs before durability)."""
+        result = await self.applier.ingest(events, atomic=True, check=check)
+        self.notify(result.changes)
+        return result
+
+    def spawn(self, coro: Coroutine[object, object, None]) -> None:
+        """Run ``coro`` as a task the node keeps (errors are logged, not lost)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a node task failed", exc_info=task.exception())
+
+    def attach_upstream(self, connection: Connection) -> None:
+        """Use ``connection`` as this node's durable peer (``connect`` calls this)."""
+        self.upstream = connection
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until this node's durable peer connection is ready (no-op without one)."""
+        if self.upstream is not None:
+            await self.upstream.wait_ready(timeout)
+
+    def notify(self, changes: list[EntityChange]) -> None:
+        """Tell every change listener about ``changes`` (no-op for an empty list)."""
         if not changes:
             return
         for listener in list(self._listeners):
@@ -199,6 +294,8 @@ class Node:
         if self._closed:
             return
         self._closed = True
+        if self.upstream is not None:
+            await self.upstream.close()
         await self.storage.close()
 
     async def __aenter__(self) -> Node:
@@ -235,3 +332,14 @@ class _Opening:
     ) -> None:
         if self._node is not None:
             await self._node.close()
+
+
+def _local_error(exc: RemoteError) -> MyceliaError:
+    """The local error class a peer's refusal names (PolicyDenied stays PolicyDenied)."""
+    kind = getattr(errors, exc.kind, None)
+    if isinstance(kind, type) and issubclass(kind, MyceliaError) and kind is not RemoteError:
+        try:
+            return kind(f"the server refused: {exc}")
+        except TypeError:
+            pass
+    return exc

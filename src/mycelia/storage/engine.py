@@ -12,19 +12,55 @@ same conformance suite (:mod:`mycelia.storage.testing`):
 - the change feed gives every written state a strictly increasing offset; ``read_since``
   never skips a committed batch;
 - engines translate their backend's exceptions to :class:`~mycelia.errors.StorageError`
-  subclasses, chained with ``from``.
+  subclasses, chained with ``from``;
+- every engine can stream its whole content out (:meth:`StorageEngine.dump`, entity by
+  entity, events parents first, the state last) and take such a stream in
+  (:meth:`StorageEngine.load`), which is how :mod:`mycelia.storage.dump` moves a store
+  between engines.
+
+State values are stored as :func:`encode_values` bytes on the durable engines; a value
+that cannot be encoded fails the whole batch (every engine checks it, memory included).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState
-from mycelia.retrieval import EntityStore, StoredState
+import msgpack
 
-__all__ = ["FeedEntry", "StorageEngine"]
+from mycelia.errors import DecodeError, StorageCorrupt, StorageError
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId, Limits
+from mycelia.proto.codec import canonical_value, pack
+from mycelia.retrieval import EntityStore, StoredState, WriteBatch
+
+__all__ = [
+    "STORED_LIMITS",
+    "DumpRecord",
+    "EntityRecord",
+    "FeedEntry",
+    "MetaRecord",
+    "StorageEngine",
+    "decode_feed",
+    "decode_values",
+    "encode_feed",
+    "encode_values",
+    "entity_records",
+    "load_records",
+]
+
+STORED_LIMITS: Final = Limits(
+    max_frame_bytes=1 << 31,
+    max_batch_events=1 << 20,
+    max_parents=1 << 16,
+    max_clock_width=1 << 16,
+    max_operation_bytes=1 << 31,
+    max_string_length=1 << 31,
+)
+"""Limits for decoding what an engine stored itself: it was validated on admission under
+the node's own limits (which may be wider than the defaults), so only the shape is
+re-checked on the way out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +71,65 @@ class FeedEntry:
     entity_id: EntityId
     collection: str
     head: Clock
+
+
+@dataclass(frozen=True, slots=True)
+class MetaRecord:
+    """One node-level record in a dump."""
+
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class EntityRecord:
+    """A slice of one entity in a dump: some of its events, parents first.
+
+    A long history spans several consecutive records of the same entity; only the last
+    carries the state (``None`` before, and for an entity stored without a state).
+    """
+
+    entity_id: EntityId
+    events: tuple[AdmittedEvent, ...]
+    state: StoredState | None
+
+
+DumpRecord = MetaRecord | EntityRecord
+"""What :meth:`StorageEngine.dump` yields: every meta record first, then every entity."""
+
+
+def encode_values(values: Mapping[str, object]) -> bytes:
+    """Canonical msgpack of a state's values; raises StorageError if one cannot be stored."""
+    try:
+        return pack(canonical_value(dict(values)))
+    except (DecodeError, TypeError, ValueError) as exc:
+        raise StorageError(f"state values cannot be stored: {exc}") from exc
+
+
+def decode_values(data: bytes) -> dict[str, object]:
+    """Decode :func:`encode_values`; raises StorageCorrupt if the bytes are not that."""
+    try:
+        values = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise StorageCorrupt(f"stored values do not decode: {exc!r}") from exc
+    if not isinstance(values, dict):
+        raise StorageCorrupt("stored values are not a map")
+    return values
+
+
+def encode_feed(entity_id: EntityId, collection: str, head: Clock) -> bytes:
+    """The stored form of one feed row (without its offset)."""
+    return pack((entity_id, collection, b"".join(head.ids)))
+
+
+def decode_feed(offset: int, data: bytes) -> FeedEntry:
+    """Decode :func:`encode_feed`; raises StorageCorrupt if the bytes are not that."""
+    try:
+        entity, collection, head = msgpack.unpackb(data, raw=False)
+        ids = [EventId._trusted(head[i : i + 32]) for i in range(0, len(head), 32)]
+        return FeedEntry(offset, EntityId._trusted(entity), collection, Clock(ids))
+    except Exception as exc:
+        raise StorageCorrupt(f"feed row {offset} does not decode: {exc!r}") from exc
 
 
 class StorageEngine(EntityStore, Protocol):
@@ -64,13 +159,68 @@ class StorageEngine(EntityStore, Protocol):
         """A node-level record written through ``WriteBatch.meta``."""
         ...
 
-    async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:  # noqa: ASYNC109 - a bounded wait is the contract
+    async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:
         """Wait until the feed has a row beyond ``offset`` or ``timeout`` passes.
 
         Returns whether there is news. A hint only: callers re-read from their offset.
         """
         ...
 
+    def dump(self) -> AsyncIterator[DumpRecord]:
+        """Stream everything: meta records, then each entity's events (parents first) and
+        state, entities in id order. Reads in short transactions, so writes may proceed;
+        what a concurrent write adds may or may not appear."""
+        ...
+
+    async def load(self, records: AsyncIterable[DumpRecord]) -> int:
+        """Write a :meth:`dump` stream (see :func:`load_records`); returns events written."""
+        ...
+
     async def close(self) -> None:
         """Release the engine's resources; further use raises StorageError."""
         ...
+
+
+def entity_records(
+    entity_id: EntityId,
+    events: list[AdmittedEvent],
+    state: StoredState | None,
+    *,
+    chunk: int = 1000,
+) -> list[EntityRecord]:
+    """One entity's dump records: its events (parents first) in slices of ``chunk``, the
+    state with the last slice."""
+    slices = [tuple(events[i : i + chunk]) for i in range(0, len(events), chunk)] or [()]
+    records = [EntityRecord(entity_id, s, None) for s in slices[:-1]]
+    records.append(EntityRecord(entity_id, slices[-1], state))
+    return records
+
+
+async def load_records(
+    store: EntityStore, records: AsyncIterable[DumpRecord], *, batch_events: int = 1000
+) -> int:
+    """Write dump records to ``store`` in batches of about ``batch_events`` events.
+
+    Each state is written in the same batch as (or after) the last of its entity's events,
+    so a crash mid-load never leaves a state whose head names a missing event; re-running
+    a load is harmless (events are idempotent, states are overwritten). Returns how many
+    events the records held.
+    """
+    events: list[AdmittedEvent] = []
+    states: list[StoredState] = []
+    meta: list[tuple[str, bytes | None]] = []
+    total = 0
+    async for record in records:
+        if isinstance(record, MetaRecord):
+            meta.append((record.key, record.value))
+            continue
+        events.extend(record.events)
+        total += len(record.events)
+        if record.state is not None:
+            states.append(record.state)
+        if len(events) >= batch_events or len(states) >= batch_events:
+            await store.write(WriteBatch(tuple(events), tuple(states), tuple(meta)))
+            events, states, meta = [], [], []
+    if events or states or meta:
+        await store.write(WriteBatch(tuple(events), tuple(states), tuple(meta)))
+    return total

@@ -1,0 +1,313 @@
+"""Live queries: results kept current as commits happen (ARCHITECTURE.md §8).
+
+``async with ctx.query(Album, "year > ?", 1985) as live:`` gives ``live.items`` (the current
+result, in query order) and an async iterator of :class:`ChangeSet` s: the first carries
+``initial``; later ones ``added``, ``updated`` and ``removed`` views. A commit that changes
+nothing a query can see emits nothing.
+
+The :class:`Reactor` is the node's one change listener for live queries. Its **candidate
+index** maps (collection, field) to the queries whose predicate or ORDER BY reads that
+field, and each entity to the queries it belongs to, so a commit re-evaluates only the
+queries it can affect: a query is touched by a change when the entity is one of its
+members or a field it reads changed. Queries with a LIMIT re-run against storage when
+touched (a member leaving makes room: the refill is emitted as ``added``).
+
+On an ephemeral node with a durable peer, every live query is mirrored on the server; on
+each (re)connection it is re-subscribed with the heads held here, so it catches up and
+drops what stopped matching while offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from mycelia.entity import EntityChange, Snapshot
+from mycelia.entity.model import Model
+from mycelia.errors import ConnectionClosed, MyceliaError, RequestTimeout
+from mycelia.node.deltas import query_rows
+from mycelia.proto import EntityId, EntityState
+from mycelia.proto.peering import (
+    DeltasResponse,
+    KnownEntity,
+    SubscribeRequest,
+    UnsubscribeRequest,
+)
+from mycelia.proto.query import evaluate, order_key, parse
+
+if TYPE_CHECKING:
+    from mycelia.node.client import Connection
+    from mycelia.node.context import Context
+    from mycelia.node.node import Node
+
+__all__ = ["ChangeSet", "LiveQuery", "Reactor"]
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Model)
+_QUERY_IDS = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSet(Generic[M]):
+    """One step of a live query's result."""
+
+    initial: list[M] = field(default_factory=list)
+    added: list[M] = field(default_factory=list)
+    updated: list[M] = field(default_factory=list)
+    removed: list[M] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.initial or self.added or self.updated or self.removed)
+
+
+class LiveQuery(Generic[M]):
+    """A query whose result follows every commit; see the module docstring."""
+
+    def __init__(self, ctx: Context, model: type[M], text: str, args: tuple[object, ...]) -> None:
+        self._ctx = ctx
+        self._node = ctx.node
+        self.model = model
+        self.query = parse(text).bind(*args)
+        self._text, self._args = text, args
+        self.query_id = next(_QUERY_IDS)
+        self._members: dict[EntityId, M] = {}
+        self._keys: dict[EntityId, bytes] = {}
+        self._changes: asyncio.Queue[ChangeSet[M] | None] = asyncio.Queue()
+        self._refresh_lock = asyncio.Lock()
+        self._remove_hook: object = None
+        self._open = False
+
+    @property
+    def items(self) -> list[M]:
+        """The current result, in query order."""
+        ordered = sorted(self._members, key=lambda e: (self._keys[e], bytes(e)))
+        return [self._members[e] for e in ordered]
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """Top-level fields the query reads (predicate and ORDER BY)."""
+        return frozenset(self.query.fields())
+
+    async def __aenter__(self) -> LiveQuery[M]:
+        self._open = True
+        self._node.reactor.add(self)
+        upstream = self._node.upstream
+        if upstream is not None:
+            self._remove_hook = upstream.on_ready(self._subscribe_remote)
+            if upstream.peer is not None and upstream.peer.ready:
+                await self._subscribe_remote(upstream)
+        initial = await self._load()
+        self._changes.put_nowait(ChangeSet(initial=initial))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop following changes (and unsubscribe on the server)."""
+        if not self._open:
+            return
+        self._open = False
+        for entity_id in self._members:
+            self._node.reactor.untrack(entity_id, self)
+        self._node.reactor.remove(self)
+        self._changes.put_nowait(None)
+        if callable(self._remove_hook):
+            self._remove_hook()
+        upstream = self._node.upstream
+        if upstream is not None:
+            # Offline is fine: the server forgets a closed connection's subscriptions.
+            with contextlib.suppress(ConnectionClosed, RequestTimeout):
+                await upstream.request(lambda rid: UnsubscribeRequest(rid, self.query_id))
+
+    async def update_query(self, text: str, *args: object) -> None:
+        """Change the query in place: the next change set moves the result to the new one."""
+        self.query = parse(text).bind(*args)
+        self._text, self._args = text, args
+        self._node.reactor.reindex(self)
+        upstream = self._node.upstream
+        if upstream is not None and upstream.peer is not None and upstream.peer.ready:
+            await self._subscribe_remote(upstream)
+        await self.refresh()
+
+    def __aiter__(self) -> AsyncIterator[ChangeSet[M]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ChangeSet[M]]:
+        while (changes := await self._changes.get()) is not None:
+            yield changes
+
+    # -- maintenance ---------------------------------------------------------------------
+
+    async def _load(self) -> list[M]:
+        rows = await query_rows(self._node.storage, self.model.__collection__, self.query)
+        for entity_id in self._members:
+            self._node.reactor.untrack(entity_id, self)
+        self._members.clear()
+        self._keys.clear()
+        for stored in rows:
+            snapshot = _snapshot_of(stored.state, stored.values)
+            if self._node.policy.can_read(self._ctx.credentials, snapshot):
+                self._admit(snapshot)
+        return self.items
+
+    def _admit(self, snapshot: Snapshot) -> M:
+        view = self.model._view(snapshot)
+        if snapshot.entity_id not in self._members:
+            self._node.reactor.track(snapshot.entity_id, self)
+        self._members[snapshot.entity_id] = view
+        self._keys[snapshot.entity_id] = order_key(snapshot.values, self.query.order_by)
+        return view
+
+    def matches(self, snapshot: Snapshot) -> bool:
+        """Whether a (changed) entity belongs in the result (LIMIT aside)."""
+        return (
+            snapshot.collection == self.model.__collection__
+            and evaluate(self.query.predicate, snapshot.values)
+            and self._node.policy.can_read(self._ctx.credentials, snapshot)
+        )
+
+    def member(self, entity_id: EntityId) -> bool:
+        """Whether the entity is in the current result."""
+        return entity_id in self._members
+
+    def apply(self, changes: list[EntityChange]) -> None:
+        """React to committed changes (called by the reactor for candidate queries only)."""
+        if self.query.limit is not None:
+            self._node.spawn(self.refresh())
+            return
+        out: ChangeSet[M] = ChangeSet()
+        for change in changes:
+            after, entity_id = change.after, change.after.entity_id
+            was = entity_id in self._members
+            if self.matches(after):
+                if not was:
+                    out.added.append(self._admit(after))
+                elif change.changed:
+                    out.updated.append(self._admit(after))
+            elif was:
+                out.removed.append(self._members.pop(entity_id))
+                self._keys.pop(entity_id, None)
+                self._node.reactor.untrack(entity_id, self)
+        if out:
+            self._changes.put_nowait(out)
+
+    async def refresh(self) -> None:
+        """Re-run the query against storage and emit the difference (LIMIT, update_query)."""
+        async with self._refresh_lock:
+            before = dict(self._members)
+            await self._load()
+            out: ChangeSet[M] = ChangeSet()
+            for entity_id, view in self._members.items():
+                old = before.pop(entity_id, None)
+                if old is None:
+                    out.added.append(view)
+                elif old != view:
+                    out.updated.append(view)
+            out.removed.extend(before.values())
+            for entity_id in before:
+                self._node.reactor.untrack(entity_id, self)
+            if out:
+                self._changes.put_nowait(out)
+
+    async def _subscribe_remote(self, upstream: Connection) -> None:
+        """Mirror this query on the server, sending the heads held here."""
+        known = []
+        for entity_id in list(self._members):
+            entity = await self._node.applier.load(entity_id)
+            if entity is not None and entity.exists:
+                known.append(KnownEntity(entity_id, entity.head.ids))
+        collection, text, args, qid = (
+            self.model.__collection__,
+            self._text,
+            self._args,
+            self.query_id,
+        )
+        try:
+            response = await upstream.request(
+                lambda rid: SubscribeRequest(rid, qid, collection, text, args, tuple(known))
+            )
+        except MyceliaError as exc:
+            log.warning("could not subscribe query %s on the server: %s", self.query_id, exc)
+            return
+        assert isinstance(response, DeltasResponse)
+        await upstream.apply_deltas(response.deltas)
+
+
+def _snapshot_of(state: EntityState, values: Mapping[str, object]) -> Snapshot:
+    return Snapshot(state.entity_id, state.collection, state.state.head, values)
+
+
+class Reactor:
+    """The node's live queries and their candidate index; one change listener for all."""
+
+    def __init__(self, node: Node) -> None:
+        self._by_field: dict[tuple[str, str], set[LiveQuery[Model]]] = {}
+        self._by_collection: dict[str, set[LiveQuery[Model]]] = {}
+        self._by_entity: dict[EntityId, set[LiveQuery[Model]]] = {}
+        node.on_change(self._on_change)
+
+    def track(self, entity_id: EntityId, live: LiveQuery[M]) -> None:
+        """Note that ``entity_id`` is a member of ``live`` (it is a candidate for it)."""
+        self._by_entity.setdefault(entity_id, set()).add(live)  # type: ignore[arg-type]
+
+    def untrack(self, entity_id: EntityId, live: LiveQuery[M]) -> None:
+        """Note that ``entity_id`` left ``live``."""
+        queries = self._by_entity.get(entity_id)
+        if queries is not None:
+            queries.discard(live)
+            if not queries:
+                del self._by_entity[entity_id]
+
+    def add(self, live: LiveQuery[M]) -> None:
+        """Register a live query."""
+        collection = live.model.__collection__
+        self._by_collection.setdefault(collection, set()).add(live)  # type: ignore[arg-type]
+        for name in live.reads:
+            self._by_field.setdefault((collection, name), set()).add(live)  # type: ignore[arg-type]
+
+    def remove(self, live: LiveQuery[M]) -> None:
+        """Forget a live query."""
+        collection = live.model.__collection__
+        self._by_collection.get(collection, set()).discard(live)
+        for key, queries in list(self._by_field.items()):
+            queries.discard(live)
+            if not queries:
+                del self._by_field[key]
+
+    def reindex(self, live: LiveQuery[M]) -> None:
+        """Refresh a query's index entries after its query changed."""
+        self.remove(live)
+        self.add(live)
+
+    def _on_change(self, changes: list[EntityChange]) -> None:
+        touched: dict[LiveQuery[Model], list[EntityChange]] = {}
+        for change in changes:
+            collection = change.after.collection
+            everyone = self._by_collection.get(collection)
+            if not everyone:
+                continue
+            candidates: set[LiveQuery[Model]] = set()
+            changed = change.changed | ({"*"} if not change.before.exists else set())
+            if "*" in changed:
+                candidates = everyone  # a new entity: any query may want it
+            else:
+                for name in changed:
+                    candidates |= self._by_field.get((collection, name), set())
+                candidates |= self._by_entity.get(change.after.entity_id, set())
+            for live in candidates:
+                touched.setdefault(live, []).append(change)
+        for live, mine in touched.items():
+            live.apply(mine)
