@@ -83,6 +83,8 @@ class LiveQuery(Generic[M]):
         self._refresh_lock = asyncio.Lock()
         self._remove_hook: object = None
         self._open = False
+        self._buffer: list[EntityChange] | None = None
+        """Changes that arrive while the initial result loads (applied after it)."""
 
     @property
     def items(self) -> list[M]:
@@ -97,6 +99,7 @@ class LiveQuery(Generic[M]):
 
     async def __aenter__(self) -> LiveQuery[M]:
         self._open = True
+        self._buffer = []
         self._node.reactor.add(self)
         upstream = self._node.upstream
         if upstream is not None:
@@ -105,6 +108,9 @@ class LiveQuery(Generic[M]):
                 await self._subscribe_remote(upstream)
         initial = await self._load()
         self._changes.put_nowait(ChangeSet(initial=initial))
+        buffered, self._buffer = self._buffer, None
+        if buffered:
+            self.apply(buffered)  # emits only what the initial result does not show yet
         return self
 
     async def __aexit__(
@@ -185,6 +191,9 @@ class LiveQuery(Generic[M]):
 
     def apply(self, changes: list[EntityChange]) -> None:
         """React to committed changes (called by the reactor for candidate queries only)."""
+        if self._buffer is not None:
+            self._buffer.extend(changes)
+            return
         if self.query.limit is not None:
             self._node.spawn(self.refresh())
             return
@@ -193,10 +202,12 @@ class LiveQuery(Generic[M]):
             after, entity_id = change.after, change.after.entity_id
             was = entity_id in self._members
             if self.matches(after):
+                previous = self._members.get(entity_id)
+                view = self._admit(after)
                 if not was:
-                    out.added.append(self._admit(after))
-                elif change.changed:
-                    out.updated.append(self._admit(after))
+                    out.added.append(view)
+                elif view != previous:  # a no-op delta emits nothing
+                    out.updated.append(view)
             elif was:
                 out.removed.append(self._members.pop(entity_id))
                 self._keys.pop(entity_id, None)

@@ -25,9 +25,11 @@ class Credentials:
     token: bytes | None = None
     subject: str | None = None
     """A name for logs (the agent may fill it in when it verifies the token)."""
+    local: bool = False
+    """True for the node's own application (``node.context()``), never for a peer."""
 
 
-LOCAL = Credentials()
+LOCAL = Credentials(local=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,14 +80,22 @@ async def serve(
     *,
     compression: str | None = None,
     request_timeout: float = 30.0,
+    handshake_timeout: float = 10.0,
 ) -> Server:
-    """Start serving ``node`` on ``host:port`` (``port=0`` picks a free one)."""
+    """Start serving ``node`` on ``host:port`` (``port=0`` picks a free one).
+
+    ``handshake_timeout``: a peer that has not completed the handshake by then is closed.
+    """
     server: Server | None = None
 
     async def handler(websocket: ServerConnection) -> None:
         assert server is not None
         peer = PeerConnection(
-            node, WebsocketTransport(websocket), dialed=False, request_timeout=request_timeout
+            node,
+            WebsocketTransport(websocket),
+            dialed=False,
+            request_timeout=request_timeout,
+            handshake_timeout=handshake_timeout,
         )
         server.connections.add(peer)
         try:

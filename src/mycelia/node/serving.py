@@ -98,6 +98,10 @@ class Responder:
                 return Ack(msg.request_id)
         raise LocalProtocolError(f"{type(msg).__name__} is not a request")
 
+    def subscription_count(self) -> int:
+        """Standing queries held for all peers."""
+        return sum(len(s) for s in self._subscriptions.values())
+
     def forget(self, peer: PeerConnection) -> None:
         """Drop everything held for a closed connection."""
         self._subscriptions.pop(peer, None)

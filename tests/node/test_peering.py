@@ -1,0 +1,168 @@
+"""Nodes peering over real websockets on 127.0.0.1 (port 0)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import mycelia
+from mycelia import ConnectionState, Model, Node, Server, Text
+from mycelia.errors import EntityNotFound, PolicyDenied
+from mycelia.proto import SYSTEM_COLLECTION, Event
+from mycelia.proto.peering import CommitRequest
+from mycelia.storage import MemoryStorage
+from tests.node.conftest import NodeFactory
+
+
+class Album(Model, collection="albums"):
+    name: Text
+    artist: str
+    year: int
+
+
+async def create(node: Node, **values: object) -> mycelia.EntityId:
+    async with node.context().transaction() as trx:
+        return trx.create(Album, **values).id
+
+
+async def test_a_create_on_one_client_is_seen_on_another_via_get_fetch_and_live(
+    server: tuple[Node, Server], client: NodeFactory
+) -> None:
+    a, _ = await client()
+    b, _ = await client()
+    async with b.context().query(Album, "year > ?", 1980) as live:
+        changes = aiter(live)
+        assert (await anext(changes)).initial == []
+        album = await create(a, name="Parade", artist="Prince", year=1986)
+        seen = await asyncio.wait_for(anext(changes), 10)
+        assert [v.id for v in seen.added] == [album]
+        assert str(seen.added[0].name) == "Parade"
+    assert (await b.context().get(Album, album)).artist == "Prince"
+    assert [v.id for v in await b.context().fetch(Album, "artist = ?", "Prince")] == [album]
+    assert (await server[0].context().get(Album, album)).year == 1986
+
+
+async def test_edits_flow_both_ways_and_concurrent_edits_converge(
+    server: tuple[Node, Server], client: NodeFactory
+) -> None:
+    a, _ = await client()
+    b, _ = await client()
+    album = await create(a, name="x", artist="a", year=1)
+    await b.context().get(Album, album)
+    async with a.context().transaction() as ta, b.context().transaction() as tb:
+        (await ta.edit(Album, album)).artist = "from a"
+        (await tb.edit(Album, album)).year = 2
+        (await tb.edit(Album, album)).name.insert(1, "!")
+    views = [await n.context().get(Album, album) for n in (a, b, server[0])]
+    assert {(v.artist, v.year, str(v.name), v.head) for v in views} == {
+        ("from a", 2, "x!", views[2].head)
+    }
+
+
+async def test_unsubscribing_stops_the_server_pushing(
+    server: tuple[Node, Server], client: NodeFactory
+) -> None:
+    a, _ = await client()
+    b, _ = await client()
+    async with b.context().query(Album, "year > 0") as live:
+        await anext(aiter(live))
+        assert server[0].responder.subscription_count() == 1
+    assert server[0].responder.subscription_count() == 0  # closing waited for the server
+    before = await b.storage.last_offset()
+    await create(a, name="y", artist="b", year=5)
+    # Nothing may arrive: prove it by a request that is answered after any push would be.
+    await b.context().fetch(Album, "year < 0")
+    assert await b.storage.last_offset() == before
+
+
+async def test_a_resubscribe_after_server_edits_shows_the_latest_values_rt106(
+    server: tuple[Node, Server], client: NodeFactory
+) -> None:
+    a, _ = await client()
+    album = await create(server[0], name="x", artist="v1", year=1)
+    async with a.context().query(Album, "year > 0") as live:
+        assert [v.artist for v in (await anext(aiter(live))).initial] == ["v1"]
+    for version in ("v2", "v3"):
+        async with server[0].context().transaction() as trx:
+            (await trx.edit(Album, album)).artist = version
+    async with a.context().query(Album, "year > 0") as live:
+        assert [v.artist for v in (await anext(aiter(live))).initial] == ["v3"]
+    history = {e.id for e in await server[0].storage.events_of(album)}
+    assert {e.id for e in await a.storage.events_of(album)} <= history
+
+
+async def test_clients_survive_a_server_restart_and_entities_that_stopped_matching_go_rt114(
+    client: NodeFactory,
+) -> None:
+    storage = MemoryStorage()
+    node = await Node.open(storage, durable=True)
+    await node.create_system()
+    running = await mycelia.serve(node, host="127.0.0.1", port=0)
+    port = running.port
+    a = await Node.open(MemoryStorage(), durable=False)
+    connection = await mycelia.connect(a, f"ws://127.0.0.1:{port}")
+    await a.wait_ready(timeout=10)
+    keep = await create(node, name="k", artist="x", year=2000)
+    leave = await create(node, name="l", artist="x", year=2001)
+    async with a.context().query(Album, "year >= 2000") as live:
+        changes = aiter(live)
+        assert {v.id for v in (await anext(changes)).initial} == {keep, leave}
+        await running.close()
+        await connection.wait_state(ConnectionState.DISCONNECTED, timeout=10)
+        async with node.context().transaction() as trx:
+            (await trx.edit(Album, leave)).year = 1999  # stops matching while a is away
+        running = await mycelia.serve(node, host="127.0.0.1", port=port)
+        await connection.wait_ready(timeout=20)
+        seen = await asyncio.wait_for(anext(changes), 10)
+        assert [v.id for v in seen.removed] == [leave]
+        assert [v.id for v in live.items] == [keep]
+    await a.close()
+    await running.close()
+    await node.close()
+
+
+async def test_commits_made_offline_are_owed_and_pushed_on_reconnect_even_after_a_restart() -> None:
+    storage = MemoryStorage()
+    node = await Node.open(storage, durable=True)
+    await node.create_system()
+    running = await mycelia.serve(node, host="127.0.0.1", port=0)
+    port = running.port
+    client_storage = MemoryStorage()
+    a = await Node.open(client_storage, durable=False)
+    await mycelia.connect(a, f"ws://127.0.0.1:{port}")
+    await a.wait_ready(timeout=10)
+    await running.close()
+    album = await create(a, name="offline", artist="x", year=1)  # no server: owed
+    assert [e.entity_id for e in await a.outbox.pending()] == [album]
+    await a.upstream.close()  # type: ignore[union-attr]
+    # The app restarts: a new node on the same storage still owes the commit.
+    again = await Node.open(client_storage, durable=False)
+    assert [e.entity_id for e in await again.outbox.pending()] == [album]
+    running = await mycelia.serve(node, host="127.0.0.1", port=port)
+    await mycelia.connect(again, f"ws://127.0.0.1:{port}")
+    await again.wait_ready(timeout=20)
+    assert (await node.context().get(Album, album)).name == "offline"
+    assert await again.outbox.pending() == []
+    await again.close()
+    await running.close()
+
+
+async def test_get_of_an_unknown_entity_raises_entity_not_found(
+    server: tuple[Node, Server], client: NodeFactory
+) -> None:
+    a, _ = await client()
+    with pytest.raises(EntityNotFound):
+        await a.context().get(Album, mycelia.EntityId(b"\x09" * 32))
+
+
+async def test_reserved_collections_refuse_client_commits(
+    server: tuple[Node, Server], client: NodeFactory
+) -> None:
+    _, connection = await client()
+    assert server[0].system_root is not None
+    sneaky = Event.genesis(collection=SYSTEM_COLLECTION, system=server[0].system_root)
+    with pytest.raises(mycelia.errors.RemoteError) as info:
+        await connection.request(lambda rid: CommitRequest(rid, (sneaky,)))
+    assert info.value.kind == PolicyDenied.__name__
+    assert await server[0].storage.events_of(sneaky.entity_id) == []
