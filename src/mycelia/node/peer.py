@@ -100,6 +100,8 @@ class PeerConnection:
         self._outgoing: asyncio.Queue[bytes | None] = asyncio.Queue(OUTGOING_FRAMES)
         self._in_flight = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._answering: set[asyncio.Task[None]] = set()
+        self._draining = False
         self._ready = asyncio.Event()
         self._closed = asyncio.Event()
         self.credentials = Credentials()
@@ -192,6 +194,12 @@ class PeerConnection:
         if not self._closed.is_set():
             self._enqueue(encode_frame(msg))
 
+    async def drain(self, timeout: float) -> None:
+        """Refuse new requests and wait (up to ``timeout``) for those being answered."""
+        self._draining = True
+        if self._answering:
+            await asyncio.wait(set(self._answering), timeout=timeout)
+
     async def close(self) -> None:
         """Close the connection (pending requests fail with ConnectionClosed)."""
         await self.transport.close()
@@ -265,7 +273,16 @@ class PeerConnection:
                 raise RemoteProtocolError("this node holds no subscription with the peer")
             self.spawn(self._on_update(self, msg))
         elif isinstance(msg, REQUESTS):
-            self.spawn(self._answer(msg))
+            if self._draining:
+                self.push(
+                    ErrorResponse(msg.request_id, "ConnectionClosed", "the node is shutting down")
+                )
+                return
+            task = asyncio.ensure_future(self._answer(msg))
+            self._tasks.add(task)
+            self._answering.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._answering.discard)
         elif rid is not None and rid in self._pending:
             future = self._pending.pop(rid)
             if not future.done():

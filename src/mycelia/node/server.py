@@ -9,6 +9,7 @@ in-flight requests to finish.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -50,11 +51,14 @@ class Server:
             return str(sock.getsockname()[0])
         raise RuntimeError("the server is not listening")  # pragma: no cover
 
-    async def close(self) -> None:
-        """Stop accepting, close every connection, wait for them to finish."""
-        self._ws.close(close_connections=True)
-        for peer in list(self.connections):
+    async def close(self, *, drain_timeout: float = 10.0) -> None:
+        """Stop accepting, let in-flight requests (commits) finish, then close everything."""
+        self._ws.close(close_connections=False)
+        peers = list(self.connections)
+        await asyncio.gather(*(peer.drain(drain_timeout) for peer in peers))
+        for peer in peers:
             await peer.close()
+        self._ws.close(close_connections=True)
         await self._ws.wait_closed()
 
     async def serve_forever(self) -> None:
