@@ -224,3 +224,34 @@ async def test_a_request_to_a_peer_that_never_answers_times_out() -> None:
     await peer.close()
     await runner
     await node.close()
+
+
+async def test_a_subscriber_that_stops_reading_is_disconnected_and_can_catch_up() -> None:
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    server = await mycelia.serve(node, host="127.0.0.1", port=0, outgoing_frames=16)
+    ws = await connect(
+        f"ws://127.0.0.1:{server.port}", max_size=None, compression=None, max_queue=1
+    )
+    session = await handshake(ws, node)
+    from mycelia.proto.peering import SubscribeRequest
+
+    await ws.send(encode_frame(SubscribeRequest(session.next_request_id(), 1, "notes", "", (), ())))
+    await ws.recv()  # the (empty) initial answer; from now on it never reads again
+    connection = next(iter(server.connections))
+    for i in range(2000):
+        async with node.context().transaction() as trx:
+            trx.create(Note, text="x" * 200 + str(i))
+        if connection.error is not None:
+            break
+    await asyncio.wait_for(connection.wait_closed(), 10)
+    assert "slow consumer" in str(connection.error)
+    # A well-behaved client reconnecting gets everything.
+    reader = await Node.open(MemoryStorage(), durable=False)
+    await mycelia.connect(reader, f"ws://127.0.0.1:{server.port}")
+    await reader.wait_ready(timeout=10)
+    assert len(await reader.context().fetch(Note, "")) == len(await node.context().fetch(Note, ""))
+    await reader.close()
+    await ws.close()
+    await server.close()
+    await node.close()

@@ -283,6 +283,7 @@ async def connect(
             compression=compression,
             open_timeout=request_timeout,
             ping_interval=20,
+            close_timeout=2,
         )
         return WebsocketTransport(websocket)
 

@@ -82,6 +82,7 @@ class PeerConnection:
         on_update: UpdateHandler | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        outgoing_frames: int = OUTGOING_FRAMES,
     ) -> None:
         self.node = node
         self.transport = transport
@@ -97,11 +98,12 @@ class PeerConnection:
         self.request_timeout = request_timeout
         self._handshake_timeout = handshake_timeout
         self._pending: dict[int, asyncio.Future[Message]] = {}
-        self._outgoing: asyncio.Queue[bytes | None] = asyncio.Queue(OUTGOING_FRAMES)
+        self._outgoing: asyncio.Queue[bytes | None] = asyncio.Queue(outgoing_frames)
         self._in_flight = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
         self._tasks: set[asyncio.Task[None]] = set()
         self._answering: set[asyncio.Task[None]] = set()
         self._draining = False
+        self._overflowed = False
         self._ready = asyncio.Event()
         self._closed = asyncio.Event()
         self.credentials = Credentials()
@@ -150,11 +152,12 @@ class PeerConnection:
                 await self._read_until_ready()
             await self._read_loop()
         except (MyceliaError, TimeoutError) as exc:
-            self.error = (
-                exc
-                if isinstance(exc, MyceliaError)
-                else RequestTimeout("the peer did not complete the handshake in time")
-            )
+            if self.error is None:  # a slow-consumer verdict is the real reason: keep it
+                self.error = (
+                    exc
+                    if isinstance(exc, MyceliaError)
+                    else RequestTimeout("the peer did not complete the handshake in time")
+                )
             if not isinstance(exc, ConnectionClosed):
                 log.info("closing connection to %s: %s", self.transport.remote, self.error)
         finally:
@@ -208,11 +211,17 @@ class PeerConnection:
     # -- internals -----------------------------------------------------------------------
 
     def _enqueue(self, frame: bytes) -> None:
+        if self._overflowed:
+            return  # already being disconnected: drop, do not queue without bound
         try:
             self._outgoing.put_nowait(frame)
         except asyncio.QueueFull:
             log.warning("peer %s is not reading: disconnecting it", self.transport.remote)
+            self._overflowed = True
             self.error = ConnectionClosed("slow consumer: outgoing queue full")
+            while not self._outgoing.empty():  # free the memory now; stop the writer
+                self._outgoing.get_nowait()
+            self._outgoing.put_nowait(None)
             self.spawn(self.transport.close())
 
     async def _write_loop(self) -> None:

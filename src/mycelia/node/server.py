@@ -85,10 +85,13 @@ async def serve(
     compression: str | None = None,
     request_timeout: float = 30.0,
     handshake_timeout: float = 10.0,
+    outgoing_frames: int = 4096,
 ) -> Server:
     """Start serving ``node`` on ``host:port`` (``port=0`` picks a free one).
 
     ``handshake_timeout``: a peer that has not completed the handshake by then is closed.
+    ``outgoing_frames``: frames queued for one peer before it counts as too slow and is
+    disconnected (it can reconnect and catch up; memory stays bounded).
     """
     server: Server | None = None
 
@@ -100,6 +103,7 @@ async def serve(
             dialed=False,
             request_timeout=request_timeout,
             handshake_timeout=handshake_timeout,
+            outgoing_frames=outgoing_frames,
         )
         server.connections.add(peer)
         try:
@@ -115,6 +119,7 @@ async def serve(
         max_size=node.limits.max_frame_bytes,
         compression=compression,
         ping_interval=20,
+        close_timeout=2,  # a peer that will not finish the closing handshake is cut off
     )
     server = Server(node, ws_server)
     log.info("serving node %s on ws://%s:%d", node.node_id, server.host, server.port)

@@ -7,7 +7,7 @@ Invariants:
 - ``=`` holds when both sides are in the same collation class and collate equal; ``!=`` is
   its negation among non-null values; ``< <= > >=`` hold only within an ordered class
   (bool, number, string, bytes) and follow :func:`compare_values` there.
-- A predicate holding an unbound ``?`` raises InvalidArgument (bind it first).
+- Reaching an unbound ``?`` raises InvalidArgument (bind the query first).
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def holds(op: Op, left: object, right: object) -> bool:
 def evaluate(predicate: Predicate, values: Mapping[str, object]) -> bool:
     """Whether the row ``values`` (field name to value) satisfies ``predicate``.
 
-    Missing fields are null. Raises InvalidArgument if the predicate holds an unbound
-    placeholder or a field holds a value outside the value model.
+    Missing fields are null. Raises InvalidArgument if evaluation reaches an unbound
+    placeholder (bind first: :func:`sort_rows` checks up front) or a value outside the value
+    model.
     """
     if isinstance(predicate, Comparison):
         return holds(predicate.op, resolve_path(values, predicate.path), predicate.value)

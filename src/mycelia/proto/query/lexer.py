@@ -105,10 +105,10 @@ def _next_token(text: str, pos: int) -> tuple[Token, int]:
     if char in "=!<>":
         return _operator(text, pos)
     if char == "'":
-        value, end = read_quoted(text, pos)
+        value, end = _read_quoted(text, pos)
         return Token(Kind.LITERAL, pos + 1, text[pos:end], value=value), end
     if char == '"':
-        name, end = read_quoted(text, pos)
+        name, end = _read_quoted(text, pos)
         return Token(Kind.QUOTED, pos + 1, text[pos:end], name=name), end
     if char.isascii() and (char.isdigit() or char == "-"):
         return _number(text, pos)
@@ -167,7 +167,7 @@ def _bytes_literal(text: str, pos: int) -> tuple[Token, int]:
     return Token(Kind.LITERAL, pos + 1, text[pos : close + 1], value=value), close + 1
 
 
-def read_quoted(text: str, pos: int) -> tuple[str, int]:
+def _read_quoted(text: str, pos: int) -> tuple[str, int]:
     """Decode the quoted text opening at ``text[pos]``: its content and the index after it.
 
     The quote is doubled or backslash-escaped inside; other escapes are ``\\\\ \\' \\" \\n \\t
@@ -196,6 +196,8 @@ def read_quoted(text: str, pos: int) -> tuple[str, int]:
 
 def _escape(text: str, pos: int) -> tuple[str, int]:
     code = text[pos + 1 : pos + 2]
+    if not code:
+        raise QueryError("unterminated escape at the end of the query", column=pos + 1)
     if code in _SIMPLE_ESCAPES:
         return _SIMPLE_ESCAPES[code], pos + 2
     width = {"u": 4, "U": 8}.get(code)
