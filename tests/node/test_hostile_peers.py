@@ -25,6 +25,7 @@ from mycelia.proto.peering import (
     GetRequest,
     PresenceProof,
     PresenceRejected,
+    SubscribeRequest,
 )
 from mycelia.storage import MemoryStorage
 
@@ -234,8 +235,6 @@ async def test_a_subscriber_that_stops_reading_is_disconnected_and_can_catch_up(
         f"ws://127.0.0.1:{server.port}", max_size=None, compression=None, max_queue=1
     )
     session = await handshake(ws, node)
-    from mycelia.proto.peering import SubscribeRequest
-
     await ws.send(encode_frame(SubscribeRequest(session.next_request_id(), 1, "notes", "", (), ())))
     await ws.recv()  # the (empty) initial answer; from now on it never reads again
     connection = next(iter(server.connections))
