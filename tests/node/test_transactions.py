@@ -268,3 +268,28 @@ async def test_node_open_is_also_an_async_context_manager() -> None:
     async with Node.open(MemoryStorage(), durable=True) as node:
         await node.create_system()
         assert node.system_root is not None
+
+
+async def test_a_deleted_entity_is_gone_from_reads_and_stays_deleted_after_concurrent_edits() -> (
+    None
+):
+    node = await durable_node()
+    ctx = node.context()
+    async with ctx.transaction() as trx:
+        artist = trx.create(Artist, name="x")
+    async with ctx.transaction() as editor:
+        handle = await editor.edit(Artist, artist.id)  # forked before the delete
+        async with ctx.transaction() as deleter:
+            await deleter.delete(Artist, artist.id)
+        handle.name = "concurrent edit"
+    with pytest.raises(EntityNotFound):
+        await ctx.get(Artist, artist.id)
+    assert await ctx.fetch(Artist, "") == []
+    with pytest.raises(EntityNotFound):
+        async with ctx.transaction() as trx:
+            await trx.edit(Artist, artist.id)
+    replica = await Node.open(MemoryStorage(), durable=True)
+    await replica.join_system(await node.system_events())
+    await replica.ingest(await node.storage.events_of(artist.id))
+    with pytest.raises(EntityNotFound):
+        await replica.context().get(Artist, artist.id)

@@ -22,7 +22,10 @@ from typing import Final
 from mycelia.entity.backends import Backend, ClientIds, LwwBackend, OpaqueBackend, TextBackend
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId, State
 
-__all__ = ["KNOWN_BACKENDS", "Entity", "Snapshot"]
+__all__ = ["DELETED", "KNOWN_BACKENDS", "Entity", "Snapshot"]
+
+DELETED: Final = "_deleted"
+"""The reserved LWW property a deletion sets (a tombstone; no model field may use it)."""
 
 KNOWN_BACKENDS: Final[Mapping[str, type[LwwBackend] | type[TextBackend]]] = MappingProxyType(
     {LwwBackend.name: LwwBackend, TextBackend.name: TextBackend}
@@ -42,6 +45,11 @@ class Snapshot:
     def exists(self) -> bool:
         """Whether the entity has been created (its head is not empty)."""
         return bool(self.head)
+
+    @property
+    def deleted(self) -> bool:
+        """Whether the entity has been deleted (tombstoned)."""
+        return self.values.get(DELETED) is True
 
 
 class Entity:

@@ -73,7 +73,7 @@ class Context:
         if entity is None or not entity.exists or entity.collection != model.__collection__:
             raise EntityNotFound(f"no {model.__name__} with id {entity_id} here")
         snapshot = entity.snapshot()
-        if not self._node.policy.can_read(self.credentials, snapshot):
+        if snapshot.deleted or not self._node.policy.can_read(self.credentials, snapshot):
             raise EntityNotFound(f"no {model.__name__} with id {entity_id} here")
         return model._view(snapshot)
 

@@ -10,16 +10,18 @@ without asking for more.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 
+from mycelia.entity import DELETED
 from mycelia.errors import EventNotFound
 from mycelia.event_dag import StrictDescends, compare
 from mycelia.proto import Clock, EntityState, Event, EventId
 from mycelia.proto.peering import Delta
-from mycelia.proto.query import Query, sort_rows
+from mycelia.proto.query import MATCH_ALL, And, IsNull, Query, sort_rows
 from mycelia.retrieval import LocalGetter, StagingMap, StoredState
 from mycelia.storage import StorageEngine
 
-__all__ = ["delta_for", "query_rows"]
+__all__ = ["delta_for", "live_only", "query_rows"]
 
 BRIDGE_BUDGET = 100_000
 """Most events a bridge walk may read before it falls back to a snapshot."""
@@ -69,6 +71,7 @@ async def query_rows(storage: StorageEngine, collection: str, query: Query) -> l
     Uses the engine's pushdown (``fetch``) when it has one, else scans the collection and
     runs the reference executor; both give the same list (the shared case file pins it).
     """
+    query = live_only(query)
     fetch = getattr(storage, "fetch", None)
     if fetch is not None:
         result: list[StoredState] = await fetch(collection, query)
@@ -77,3 +80,11 @@ async def query_rows(storage: StorageEngine, collection: str, query: Query) -> l
     by_id = {s.state.entity_id: s for s in everything}
     ordered = sort_rows([(s.state.entity_id, s.values) for s in everything], query)
     return [by_id[entity_id] for entity_id, _ in ordered]
+
+
+def live_only(query: Query) -> Query:
+    """``query`` restricted to entities that are not deleted (every read path uses it)."""
+    alive = IsNull((DELETED,))
+    predicate = query.predicate
+    combined = alive if predicate == MATCH_ALL.predicate else And((predicate, alive))
+    return replace(query, predicate=combined)

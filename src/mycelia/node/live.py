@@ -85,6 +85,9 @@ class LiveQuery(Generic[M]):
         self._open = False
         self._buffer: list[EntityChange] | None = None
         """Changes that arrive while the initial result loads (applied after it)."""
+        self._refreshing = 0
+        self._settled = asyncio.Event()
+        self._settled.set()
 
     @property
     def items(self) -> list[M]:
@@ -181,6 +184,7 @@ class LiveQuery(Generic[M]):
         """Whether a (changed) entity belongs in the result (LIMIT aside)."""
         return (
             snapshot.collection == self.model.__collection__
+            and not snapshot.deleted
             and evaluate(self.query.predicate, snapshot.values)
             and self._node.policy.can_read(self._ctx.credentials, snapshot)
         )
@@ -195,7 +199,9 @@ class LiveQuery(Generic[M]):
             self._buffer.extend(changes)
             return
         if self.query.limit is not None:
-            self._node.spawn(self.refresh())
+            self._refreshing += 1
+            self._settled.clear()
+            self._node.spawn(self._scheduled_refresh())
             return
         out: ChangeSet[M] = ChangeSet()
         for change in changes:
@@ -214,6 +220,29 @@ class LiveQuery(Generic[M]):
                 self._node.reactor.untrack(entity_id, self)
         if out:
             self._changes.put_nowait(out)
+
+    async def _scheduled_refresh(self) -> None:
+        try:
+            await self.refresh()
+        finally:
+            self._refreshing -= 1
+            if not self._refreshing:
+                self._settled.set()
+
+    async def wait_settled(self) -> None:
+        """Wait until every change seen so far is reflected in :attr:`items`."""
+        await self._settled.wait()
+
+    def changes_nowait(self) -> list[ChangeSet[M]]:
+        """The change sets queued so far, without waiting (the iterator's non-blocking twin)."""
+        out = []
+        while not self._changes.empty():
+            item = self._changes.get_nowait()
+            if item is None:
+                self._changes.put_nowait(None)  # keep the end marker for the iterator
+                break
+            out.append(item)
+        return out
 
     async def refresh(self) -> None:
         """Re-run the query against storage and emit the difference (LIMIT, update_query)."""

@@ -167,27 +167,43 @@ class Responder:
         query: Query,
         known: tuple[KnownEntity, ...],
     ) -> tuple[tuple[Delta, ...], dict[EntityId, Clock]]:
-        """Deltas for a query's matches, plus removals for known entities that left it."""
+        """Deltas for a query's result, plus what the peer must know about what it holds.
+
+        Returns the deltas and the entities the peer then holds fresh for this query: the
+        result, plus known entities that still match the predicate (outside a LIMIT they
+        are kept fresh, so the peer's own ordering stays right).
+        """
         known_heads = {k.entity_id: k.head for k in known}
         deltas: list[Delta] = []
         members: dict[EntityId, Clock] = {}
         for stored in await query_rows(self._node.storage, collection, query):
             state = stored.state
-            snapshot = _snapshot(stored.state, stored.values)
-            if not self._node.policy.can_read(credentials, snapshot):
+            if not self._node.policy.can_read(credentials, _snapshot(state, stored.values)):
                 continue
-            delta = await delta_for(
-                self._node.storage, state, known_heads.pop(state.entity_id, None)
-            )
+            held = known_heads.pop(state.entity_id, None)
+            delta = await delta_for(self._node.storage, state, held)
             if delta is not None:
                 deltas.append(delta)
             members[state.entity_id] = state.state.head
-        for entity_id, head in known_heads.items():  # known to the peer, no longer matching
-            current = await self._node.storage.get_state(entity_id)
-            if current is None or current.collection != collection:
+        for entity_id, head in known_heads.items():
+            entity = await self._node.applier.load(entity_id)
+            if entity is None or not entity.exists or entity.collection != collection:
                 continue
-            gone = await delta_for(self._node.storage, current, head, matches=False)
-            deltas.append(gone or Delta(entity_id, collection, False, None, ()))
+            snapshot = entity.snapshot()
+            readable = self._node.policy.can_read(credentials, snapshot)
+            matches = (
+                readable and not snapshot.deleted and evaluate(query.predicate, snapshot.values)
+            )
+            if readable or matches:
+                delta = await delta_for(
+                    self._node.storage, entity.to_state(), head, matches=matches
+                )
+            else:
+                delta = Delta(entity_id, collection, False, None, ())
+            if delta is not None:
+                deltas.append(delta)
+            if matches:
+                members[entity_id] = snapshot.head
         return tuple(deltas), members
 
     # -- pushing updates ---------------------------------------------------------------------
@@ -220,44 +236,50 @@ class Responder:
                     peer.push(SubscriptionUpdate(standing.query_id, tuple(deltas)))
 
     async def _update(self, standing: _Standing, changes: list[EntityChange]) -> list[Delta]:
+        """The deltas a batch of changes means for one standing query.
+
+        The peer holds ``standing.sent`` fresh while they match the predicate; a new match
+        is pushed if it belongs to the result (with a LIMIT, only if it ranks inside it:
+        then members that left the LIMIT stay fresh on the peer, and rows that entered to
+        refill it are pushed).
+        """
         relevant = [c for c in changes if c.after.collection == standing.collection]
         if not relevant:
             return []
-        if standing.query.limit is not None:
-            return await self._refresh(standing, relevant)
+        limited = standing.query.limit is not None
+        ranked: set[EntityId] | None = await self._ranked(standing) if limited else None
         deltas = []
         for change in relevant:
+            entity_id = change.after.entity_id
             member = self._member(standing, change.after)
+            if entity_id not in standing.sent and ranked is not None and entity_id not in ranked:
+                member = False  # a match outside the LIMIT: nothing the peer needs yet
             delta = await self._delta_for_change(standing, change, member=member)
             if delta is not None:
                 deltas.append(delta)
+        if ranked is not None:
+            deltas.extend(await self._refill(standing, ranked))
         return deltas
 
-    async def _refresh(self, standing: _Standing, changes: list[EntityChange]) -> list[Delta]:
-        """LIMIT queries: membership depends on other rows, so recompute the result."""
+    async def _ranked(self, standing: _Standing) -> set[EntityId]:
         rows = await query_rows(self._node.storage, standing.collection, standing.query)
-        now = {
+        return {
             s.state.entity_id
             for s in rows
             if self._node.policy.can_read(standing.credentials, _snapshot(s.state, s.values))
         }
+
+    async def _refill(self, standing: _Standing, ranked: set[EntityId]) -> list[Delta]:
+        """Rows that entered a LIMIT result because others left it."""
         deltas = []
-        for change in changes:
-            delta = await self._delta_for_change(
-                standing, change, member=change.after.entity_id in now
-            )
+        for entity_id in ranked - set(standing.sent):
+            state = await self._node.storage.get_state(entity_id)
+            if state is None:
+                continue
+            delta = await delta_for(self._node.storage, state, None)
             if delta is not None:
                 deltas.append(delta)
-        for stored in rows:  # refills: rows that entered because others left
-            entity_id = stored.state.entity_id
-            if entity_id in now and entity_id not in standing.sent:
-                delta = await delta_for(self._node.storage, stored.state, None)
-                if delta is not None:
-                    deltas.append(delta)
-                    standing.sent[entity_id] = stored.state.state.head
-        for entity_id in [e for e in standing.sent if e not in now]:
-            deltas.append(Delta(entity_id, standing.collection, False, None, ()))
-            del standing.sent[entity_id]
+            standing.sent[entity_id] = state.state.head
         return deltas
 
     async def _delta_for_change(
@@ -283,8 +305,10 @@ class Responder:
         return delta
 
     def _member(self, standing: _Standing, snapshot: Snapshot) -> bool:
-        return evaluate(standing.query.predicate, snapshot.values) and self._node.policy.can_read(
-            standing.credentials, snapshot
+        return (
+            not snapshot.deleted
+            and evaluate(standing.query.predicate, snapshot.values)
+            and self._node.policy.can_read(standing.credentials, snapshot)
         )
 
 

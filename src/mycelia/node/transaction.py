@@ -15,8 +15,9 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
-from mycelia.entity import Entity, Snapshot
+from mycelia.entity import DELETED, Entity, Snapshot
 from mycelia.entity.model import Draft, Model
+from mycelia.entity.values import encode_value
 from mycelia.errors import EntityNotFound, InvalidArgument, SystemNotReady, TransactionClosed
 from mycelia.node.policy import Credentials, check_not_reserved
 from mycelia.proto import AdmittedEvent, EntityId, Event
@@ -110,12 +111,26 @@ class Transaction:
         draft = self._drafts.get(entity_id)
         if draft is None:
             entity = await self._node.applier.load(entity_id)
-            if entity is None or not entity.exists or entity.collection != model.__collection__:
+            if (
+                entity is None
+                or not entity.exists
+                or entity.collection != model.__collection__
+                or entity.snapshot().deleted
+            ):
                 raise EntityNotFound(f"no {model.__name__} with id {entity_id} here")
             fork = entity.fork(text_ids=self._node.text_ids)
             draft = Draft(model, fork, entity.snapshot(), self._alive)
             self._drafts[entity_id] = draft
         return model._handle(draft)
+
+    async def delete(self, model: type[M], entity_id: EntityId) -> None:
+        """Delete the entity (a tombstone other replicas converge on; it stays deleted).
+
+        Raises EntityNotFound if it is unknown here, not a ``model``, or already deleted.
+        """
+        handle = await self.edit(model, entity_id)
+        draft = self._drafts[handle.id]
+        draft.entity.lww().set(DELETED, encode_value(True))
 
     async def commit(self) -> None:
         """Make every change durable at once (or nothing, on any error).

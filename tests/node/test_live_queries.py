@@ -1,0 +1,198 @@
+"""Live queries: after every step the live result equals a fresh fetch, and the change
+sets received add up to exactly that result — locally and through a server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mycelia
+from mycelia import EntityId, Model, Node
+from mycelia.node.live import ChangeSet, LiveQuery
+from mycelia.storage import MemoryStorage
+from tests.node.waiting import until
+
+
+class Item(Model, collection="items"):
+    n: int | None
+    tag: str | None
+
+
+QUERIES = [
+    ("", ()),
+    ("n > ?", (0,)),
+    ("n > 0 ORDER BY n DESC", ()),
+    ("tag IN ('a', 'b') OR n IS NULL", ()),
+    ("NOT (n < 0) ORDER BY tag, n LIMIT 3", ()),
+    ("n >= -1 ORDER BY n LIMIT 2", ()),
+]
+
+values = st.fixed_dictionaries(
+    {"n": st.none() | st.integers(-3, 3), "tag": st.none() | st.sampled_from(["a", "b", "c"])}
+)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("create"), values),
+        st.tuples(st.just("edit"), st.tuples(st.integers(0, 20), values)),
+        st.tuples(st.just("delete"), st.integers(0, 20)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+def replay(model: dict[EntityId, Item], changes: list[ChangeSet[Item]]) -> None:
+    for change in changes:
+        for view in change.initial + change.added + change.updated:
+            model[view.id] = view
+        for view in change.removed:
+            assert view.id in model, "a removal of something never added"
+            del model[view.id]
+
+
+async def step(writer: Node, ids: list[EntityId], op: tuple[str, object]) -> None:
+    kind, arg = op
+    async with writer.context().transaction() as trx:
+        if kind == "create":
+            assert isinstance(arg, dict)
+            ids.append(trx.create(Item, **arg).id)
+            return
+        if not ids:
+            return
+        if kind == "edit":
+            assert isinstance(arg, tuple)
+            index, fields = arg
+        else:
+            index, fields = arg, {}
+        target = ids[int(index) % len(ids)]
+        if target not in [v.id for v in await writer.context().fetch(Item, "")]:
+            return  # deleted already
+        if kind == "edit":
+            handle = await trx.edit(Item, target)
+            handle.n, handle.tag = fields["n"], fields["tag"]
+        else:
+            await trx.delete(Item, target)
+
+
+async def check(
+    live: LiveQuery[Item],
+    model: dict[EntityId, Item],
+    source: Node,
+    text: str,
+    args: tuple[object, ...],
+    watcher: Node,
+) -> None:
+    def rows(views: list[Item]) -> list[tuple[EntityId, int | None, str | None]]:
+        return [(v.id, v.n, v.tag) for v in views]
+
+    async def agrees() -> bool:
+        await live.wait_settled()
+        return rows(live.items) == rows(await source.context().fetch(Item, text, *args))
+
+    await until(watcher, agrees)
+    fresh = await source.context().fetch(Item, text, *args)
+    replay(model, live.changes_nowait())
+    assert set(model) == {v.id for v in fresh}
+    assert all(model[v.id] == v for v in live.items)
+
+
+@settings(max_examples=25, deadline=None)
+@given(query=st.sampled_from(QUERIES), ops=operations)
+def test_local_live_queries_follow_every_commit(
+    query: tuple[str, tuple[object, ...]], ops: list[tuple[str, object]]
+) -> None:
+    async def run() -> None:
+        node = await Node.open(MemoryStorage(), durable=True)
+        await node.create_system()
+        ids: list[EntityId] = []
+        model: dict[EntityId, Item] = {}
+        async with node.context().query(Item, query[0], *query[1]) as live:
+            for op in ops:
+                await step(node, ids, op)
+                await check(live, model, node, query[0], query[1], node)
+
+    asyncio.run(run())
+
+
+@pytest.fixture
+async def remote() -> AsyncIterator[tuple[Node, Node]]:
+    server_node = await Node.open(MemoryStorage(), durable=True)
+    await server_node.create_system()
+    server = await mycelia.serve(server_node, host="127.0.0.1", port=0)
+    client = await Node.open(MemoryStorage(), durable=False)
+    await mycelia.connect(client, f"ws://127.0.0.1:{server.port}")
+    await client.wait_ready(timeout=10)
+    yield server_node, client
+    await client.close()
+    await server.close()
+    await server_node.close()
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=[q[0] or "everything" for q in QUERIES])
+async def test_remote_live_queries_follow_commits_made_on_the_server(
+    remote: tuple[Node, Node], query: tuple[str, tuple[object, ...]]
+) -> None:
+    server_node, client = remote
+    ids: list[EntityId] = []
+    model: dict[EntityId, Item] = {}
+    script = [
+        ("create", {"n": 1, "tag": "a"}),
+        ("create", {"n": -1, "tag": None}),
+        ("create", {"n": None, "tag": "c"}),
+        ("edit", (0, {"n": -2, "tag": "b"})),
+        ("create", {"n": 3, "tag": "b"}),
+        ("delete", 2),
+        ("edit", (1, {"n": 2, "tag": "a"})),
+        ("create", {"n": 0, "tag": "a"}),
+        ("delete", 0),
+    ]
+    async with client.context().query(Item, query[0], *query[1]) as live:
+        for op in script:
+            await step(server_node, ids, op)
+            await check(live, model, server_node, query[0], query[1], client)
+
+
+async def test_a_no_op_delta_emits_nothing() -> None:
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    async with node.context().transaction() as trx:
+        item = trx.create(Item, n=1, tag="a")
+    async with node.context().query(Item, "n > 0") as live:
+        assert live.changes_nowait()[0].initial
+        history = await node.context().history(Item, item.id)
+        await node.ingest(history)  # re-delivery: nothing changes
+        assert live.changes_nowait() == []
+
+
+async def test_changing_the_query_in_place_moves_the_result() -> None:
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    async with node.context().transaction() as trx:
+        low, high = trx.create(Item, n=1, tag=None), trx.create(Item, n=9, tag=None)
+    async with node.context().query(Item, "n < 5") as live:
+        live.changes_nowait()
+        await live.update_query("n > ?", 5)
+        (change,) = live.changes_nowait()
+        assert [v.id for v in change.added] == [high.id]
+        assert [v.id for v in change.removed] == [low.id]
+
+
+async def test_a_limit_query_refills_when_a_member_leaves_and_emits_the_removal() -> None:
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    async with node.context().transaction() as trx:
+        items = [trx.create(Item, n=i, tag=None) for i in range(4)]
+    async with node.context().query(Item, "n >= 0 ORDER BY n LIMIT 2") as live:
+        assert [v.n for v in live.items] == [0, 1]
+        live.changes_nowait()
+        async with node.context().transaction() as trx:
+            await trx.delete(Item, items[0].id)
+        await live.wait_settled()
+        (change,) = live.changes_nowait()
+        assert [v.id for v in change.removed] == [items[0].id]
+        assert [v.id for v in change.added] == [items[2].id]
+        assert [v.n for v in live.items] == [1, 2]
