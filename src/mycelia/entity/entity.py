@@ -188,6 +188,11 @@ class Entity:
                 backends[name] = backend.fork()
         return Entity(self.entity_id, self.collection, dict(self._head), backends)
 
+    def prepare_text(self, ids: ClientIds) -> None:
+        """Create the (empty) text backend now, drawing its client id from ``ids``."""
+        if TextBackend.name not in self._backends:
+            self._backends[TextBackend.name] = TextBackend.empty(ids)
+
     def with_id(self, entity_id: EntityId) -> Entity:
         """This entity's backends under another id (a create's draft, once its genesis exists)."""
         return Entity(entity_id, self.collection, dict(self._head), self._backends)

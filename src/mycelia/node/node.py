@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from types import TracebackType
 from typing import Final
@@ -50,6 +52,7 @@ from mycelia.proto import (
     Limits,
     NodeId,
 )
+from mycelia.proto.event import NONCE_LENGTH
 from mycelia.proto.peering import CommitRequest
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import StorageEngine
@@ -76,15 +79,17 @@ class Node:
         limits: Limits,
         root: EntityId | None,
         key: NodeKey,
+        rng: random.Random | None = None,
     ) -> None:
         self.storage = storage
         self.key = key
+        self._rng = rng
         self.durable = durable
         self.policy = policy
         self.limits = limits
         self._root = root
         self.residents = Residents()
-        self.text_ids = ClientIds()
+        self.text_ids = ClientIds(rng)
         self.applier = Applier(
             storage,
             self.residents,
@@ -108,9 +113,15 @@ class Node:
         durable: bool,
         policy: PolicyAgent | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        rng: random.Random | None = None,
     ) -> _Opening:
-        """Open a node on ``storage``: ``node = await Node.open(...)`` or ``async with``."""
-        return _Opening(cls._open(storage, durable=durable, policy=policy, limits=limits))
+        """Open a node on ``storage``: ``node = await Node.open(...)`` or ``async with``.
+
+        ``rng`` makes the node's entropy (genesis nonces, text client ids, a new node key)
+        deterministic — for simulations and tests only: production nodes draw from
+        ``secrets``.
+        """
+        return _Opening(cls._open(storage, durable=durable, policy=policy, limits=limits, rng=rng))
 
     @classmethod
     async def _open(
@@ -120,12 +131,15 @@ class Node:
         durable: bool,
         policy: PolicyAgent | None,
         limits: Limits,
+        rng: random.Random | None,
     ) -> Node:
         raw = await storage.get_meta(ROOT_KEY)
         root = EntityId(raw) if raw is not None else None
         stored_key = await storage.get_meta(KEY_META)
         if stored_key is None:
-            key = NodeKey.generate()
+            key = (
+                NodeKey.generate() if rng is None else NodeKey.from_private_bytes(rng.randbytes(32))
+            )
             await storage.write(WriteBatch(meta=((KEY_META, key.private_bytes()),)))
         else:
             key = NodeKey.from_private_bytes(stored_key)
@@ -136,7 +150,12 @@ class Node:
             limits=limits,
             root=root,
             key=key,
+            rng=rng,
         )
+
+    def entropy(self, size: int) -> bytes:
+        """``size`` random bytes (from the injected ``rng`` if the node was given one)."""
+        return secrets.token_bytes(size) if self._rng is None else self._rng.randbytes(size)
 
     @property
     def node_id(self) -> NodeId:
@@ -164,7 +183,11 @@ class Node:
         if self._root is not None:
             return self._root
         genesis = Event.genesis(
-            collection=SYSTEM_COLLECTION, system=None, operations={}, limits=self.limits
+            collection=SYSTEM_COLLECTION,
+            system=None,
+            operations={},
+            nonce=self.entropy(NONCE_LENGTH),
+            limits=self.limits,
         )
         self._root = genesis.entity_id
         try:

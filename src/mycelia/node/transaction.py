@@ -21,6 +21,7 @@ from mycelia.entity.values import encode_value
 from mycelia.errors import EntityNotFound, InvalidArgument, SystemNotReady, TransactionClosed
 from mycelia.node.policy import Credentials, check_not_reserved
 from mycelia.proto import AdmittedEvent, EntityId, Event
+from mycelia.proto.event import NONCE_LENGTH
 
 if TYPE_CHECKING:
     from mycelia.node.node import Node
@@ -79,6 +80,7 @@ class Transaction:
         # Values are staged on a draft first (checked as they are set); its operations
         # become the genesis, whose id is the entity's.
         blank = Entity.empty(root, model.__collection__)
+        blank.prepare_text(self._node.text_ids)
         draft = Draft(model, blank, blank.snapshot(), self._alive)
         for name, spec in model._fields.items():
             if name in values:
@@ -91,6 +93,7 @@ class Transaction:
             collection=model.__collection__,
             system=root,
             operations=draft.entity.take_operations(),
+            nonce=self._node.entropy(NONCE_LENGTH),
             limits=self._node.limits,
         )
         entity = draft.entity.with_id(genesis.entity_id)

@@ -51,9 +51,9 @@ class TextBackend:
         self._mark = mark  # state vector at the fork (or the last take_diff)
 
     @classmethod
-    def empty(cls) -> Self:
-        """No text."""
-        doc: Doc[Any] = Doc(client_id=_DEFAULT_IDS.next())
+    def empty(cls, ids: ClientIds | None = None) -> Self:
+        """No text (local edits on it will use a client id from ``ids``)."""
+        doc: Doc[Any] = Doc(client_id=(ids or _DEFAULT_IDS).next())
         return cls(doc, doc.get_state())
 
     @classmethod
