@@ -1,0 +1,251 @@
+"""Peering benchmarks (issue 6) over real websockets on 127.0.0.1.
+
+The server is a ``mycelia serve`` process on LMDB (``--memory`` runs an in-process server
+on MemoryStorage instead); clients are nodes in this process. Figures are medians;
+pycrdt-websocket's figures, measured on this kind of machine, are the bar.
+
+Run: ``python -m benches.bench_peering`` (``--quick`` shrinks the trace case)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import os
+import resource
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import mycelia
+from benches.harness import Table, fmt_time, verdict
+from mycelia import EntityId, Model, Node, Text
+from mycelia.storage import MemoryStorage
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "automerge-paper.json.gz"
+
+
+class Counter(Model, collection="counters"):
+    n: int
+    by: str
+
+
+class Doc(Model, collection="docs"):
+    body: Text
+
+
+@contextlib.asynccontextmanager
+async def server(memory: bool) -> AsyncIterator[tuple[str, Node | None, int | None]]:
+    """A server: a ``mycelia serve`` process on LMDB, or an in-process one."""
+    if memory:
+        node = await Node.open(MemoryStorage(), durable=True)
+        await node.create_system()
+        running = await mycelia.serve(node, host="127.0.0.1", port=0)
+        yield f"ws://127.0.0.1:{running.port}", node, None
+        await running.close()
+        await node.close()
+        return
+    with tempfile.TemporaryDirectory() as data:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "mycelia.cli", "--log-level", "WARNING", "serve",
+            "--data", data, "--port", "0",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        line = await process.stdout.readline()
+        yield line.decode().split()[-1], None, process.pid
+        process.send_signal(signal.SIGTERM)
+        await process.wait()
+
+
+async def client(url: str) -> Node:
+    node = await Node.open(MemoryStorage(), durable=False)
+    await mycelia.connect(node, url)
+    await node.wait_ready(timeout=30)
+    return node
+
+
+def rss_kib(pid: int | None) -> int:
+    """Resident memory of ``pid`` (this process when None), in KiB."""
+    if pid is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open(f"/proc/{pid}/status") as f:  # noqa: PTH123
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def latency(url: str, edits: int) -> list[float]:
+    """Commit on A → live-query change on B, ``edits`` times, sequentially."""
+    a, b = await client(url), await client(url)
+    async with a.context().transaction() as trx:
+        entity = trx.create(Counter, n=0, by="a").id
+    samples = []
+    async with b.context().query(Counter, "n >= 0") as live:
+        changes = aiter(live)
+        await anext(changes)
+        for i in range(1, edits + 1):
+            start = time.perf_counter()
+            async with a.context().transaction() as trx:
+                (await trx.edit(Counter, entity)).n = i
+            while True:
+                change = await anext(changes)
+                if any(v.n == i for v in change.added + change.updated):
+                    break
+            samples.append(time.perf_counter() - start)
+    await a.close()
+    await b.close()
+    return samples
+
+
+async def history_entity(url: str, edits: int) -> EntityId:
+    """An entity built from ``edits`` separate commits, made through one client."""
+    a = await client(url)
+    async with a.context().transaction() as trx:
+        entity = trx.create(Counter, n=0, by="a").id
+    for i in range(edits):
+        async with a.context().transaction() as trx:
+            (await trx.edit(Counter, entity)).n = i
+    await a.close()
+    return entity
+
+
+async def fresh_sync(url: str, entity: EntityId) -> float:
+    times = []
+    for _ in range(5):
+        b = await client(url)
+        start = time.perf_counter()
+        await b.context().get(Counter, entity)
+        times.append(time.perf_counter() - start)
+        await b.close()
+    return statistics.median(times)
+
+
+async def catch_up(url: str, gap: int) -> float:
+    """A client holding an entity at some head catches up a ``gap``-event gap."""
+    b = await client(url)
+    a = await client(url)
+    async with a.context().transaction() as trx:
+        entity = trx.create(Counter, n=0, by="a").id
+    await b.context().get(Counter, entity)  # b holds the start
+    for i in range(gap):
+        async with a.context().transaction() as trx:
+            (await trx.edit(Counter, entity)).n = i
+    start = time.perf_counter()
+    view = await b.context().get(Counter, entity)
+    elapsed = time.perf_counter() - start
+    assert view.n == gap - 1
+    await a.close()
+    await b.close()
+    return gap / elapsed
+
+
+async def many_clients(url: str, clients: int, edits: int, pid: int | None) -> tuple[float, int, int]:
+    """``clients`` clients × ``edits`` edits on one entity; time until all agree, lost commits."""
+    nodes = [await client(url) for _ in range(clients)]
+    async with nodes[0].context().transaction() as trx:
+        entity = trx.create(Counter, n=0, by="seed").id
+    for node in nodes:
+        await node.context().get(Counter, entity)
+    rss_before = rss_kib(pid)
+    start = time.perf_counter()
+
+    async def edit(node: Node, who: int) -> None:
+        for i in range(edits):
+            async with node.context().transaction() as trx:
+                handle = await trx.edit(Counter, entity)
+                handle.n, handle.by = who * edits + i, f"c{who}"
+
+    await asyncio.gather(*(edit(n, i) for i, n in enumerate(nodes)))
+    heads = {(await n.context().get(Counter, entity)).head for n in nodes}
+    elapsed = time.perf_counter() - start
+    events = len(await nodes[0].context().history(Counter, entity))
+    lost = clients * edits + 1 - events
+    growth = rss_kib(pid) - rss_before
+    for node in nodes:
+        await node.close()
+    assert len(heads) == 1, "clients disagree"
+    return elapsed, lost, growth
+
+
+async def durable_edits(url: str, edits: int) -> float:
+    a = await client(url)
+    async with a.context().transaction() as trx:
+        entity = trx.create(Counter, n=0, by="a").id
+    start = time.perf_counter()
+    for i in range(edits):
+        async with a.context().transaction() as trx:  # returns once the server acknowledged
+            (await trx.edit(Counter, entity)).n = i
+    rate = edits / (time.perf_counter() - start)
+    await a.close()
+    return rate
+
+
+async def trace(url: str, ops: int) -> float:
+    with gzip.open(TRACE) as f:
+        data = json.loads(f.read())
+    patches = [p for txn in data["txns"] for p in txn["patches"]][:ops]
+    a, b = await client(url), await client(url)
+    async with a.context().transaction() as trx:
+        entity = trx.create(Doc, body="").id
+    expected = ""
+    for pos, deleted, inserted in patches:
+        expected = expected[:pos] + inserted + expected[pos + deleted :]
+    async with b.context().query(Doc, "") as live:
+        changes = aiter(live)
+        await anext(changes)
+        start = time.perf_counter()
+        for i in range(0, len(patches), 100):
+            async with a.context().transaction() as trx:
+                body = (await trx.edit(Doc, entity)).body
+                for pos, deleted, inserted in patches[i : i + 100]:
+                    if deleted:
+                        body.delete(pos, deleted)
+                    if inserted:
+                        body.insert(pos, inserted)
+        while not live.items or str(live.items[0].body) != expected:
+            await anext(changes)
+        elapsed = time.perf_counter() - start
+    await a.close()
+    await b.close()
+    return elapsed
+
+
+async def run(memory: bool, quick: bool) -> None:
+    rows = []
+    async with server(memory) as (url, _, pid):
+        samples = sorted(await latency(url, 1000))
+        p50, p99 = samples[len(samples) // 2], samples[int(len(samples) * 0.99)]
+        rows.append(["commit on A → live change on B, 1,000 edits", f"p50 {fmt_time(p50)}, p99 {fmt_time(p99)}",
+                     "p50 0.42 ms, p99 0.58 ms", "p50 ≤ 1 ms, p99 ≤ 5 ms", verdict(p50 <= 1e-3 and p99 <= 5e-3)])
+        entity = await history_entity(url, 10_000)
+        t = await fresh_sync(url, entity)
+        rows.append(["fresh client syncs a 10,000-edit entity", fmt_time(t), "12 ms", "≤ 12 ms", verdict(t <= 0.012)])
+        rate = await catch_up(url, 10_000)
+        rows.append(["catch-up of a 10,000-event gap", f"{rate:,.0f} events/s", "—", "≥ 30,000 events/s", verdict(rate >= 30_000)])
+        elapsed, lost, growth = await many_clients(url, 200, 10, pid)
+        rows.append(["200 clients × 10 edits, one entity, until identical", f"{fmt_time(elapsed)}, lost {lost}, RSS +{growth / 1024:.1f} MiB",
+                     "43.5 s, RSS 37→46 MiB", "≤ 2 s, 0 lost", verdict(elapsed <= 2 and lost == 0)])
+        rate = await durable_edits(url, 1000)
+        rows.append(["1,000 sequential edits, each durable on the server", f"{rate:,.0f} edits/s", "603 edits/s", "≥ 2,000 edits/s", verdict(rate >= 2000)])
+        ops = 5_000 if quick else 50_000
+        t = await trace(url, ops)
+        rows.append([f"automerge trace, first {ops:,} ops, A → B", fmt_time(t), "13.7 s (50,000 ops)", "≤ 13.7 s", verdict(t <= 13.7)])
+    engine = "in-process server, MemoryStorage" if memory else "`mycelia serve` process, LMDB"
+    Table(f"peering over websockets ({engine})", ["case", "Mycelia", "pycrdt-websocket", "target", "ok"], rows).print()
+
+
+def main() -> None:
+    asyncio.run(run("--memory" in sys.argv, "--quick" in sys.argv))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()
