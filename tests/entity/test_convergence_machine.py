@@ -94,7 +94,7 @@ class Convergence(RuleBasedStateMachine):
                 note.rank = rank
                 text = str(note.body)
                 i = min(insert[0], len(text))
-                note.body.insert(i, insert[1])
+                note.body.insert(i, insert[1])  # an empty insert makes a delete-only edit
                 start = min(delete[0], len(text))
                 note.body.delete(start, min(delete[1], len(text) + len(insert[1]) - start))
 

@@ -293,3 +293,17 @@ async def test_a_deleted_entity_is_gone_from_reads_and_stays_deleted_after_concu
     await replica.ingest(await node.storage.events_of(artist.id))
     with pytest.raises(EntityNotFound):
         await replica.context().get(Artist, artist.id)
+
+
+async def test_a_transaction_that_only_deletes_text_persists_the_deletion() -> None:
+    # A deletion does not move the Yrs state vector; the edit must still become an event.
+    node = await durable_node()
+    async with node.context().transaction() as trx:
+        album = trx.create(Album, name="hello world", artist="a", year=1, meta=None)
+    async with node.context().transaction() as trx:
+        (await trx.edit(Album, album.id)).name.delete(5, 6)
+    assert str((await node.context().get(Album, album.id)).name) == "hello"
+    replica = await Node.open(MemoryStorage(), durable=True)
+    await replica.join_system(await node.system_events())
+    await replica.ingest(await node.context().history(Album, album.id))
+    assert str((await replica.context().get(Album, album.id)).name) == "hello"

@@ -156,10 +156,7 @@ class Draft:
             raise InvalidArgument(f"{self.model.__name__} has no field {field!r}")
         checked = spec.check(value)
         if spec.backend == "text":
-            text = self.entity.text().text(field)
-            with self.entity.text().edit():  # type: ignore[attr-defined]
-                del text[0 : len(text)]
-                text.insert(0, str(checked))
+            self.entity.text().replace(field, str(checked))
             self.texts[field] = str(checked)
             return
         self.entity.lww().set(field, encode_value(checked))
@@ -178,7 +175,7 @@ class Draft:
         current = self._text(field)
         if not 0 <= index <= len(current):
             raise InvalidArgument(f"insert at {index} is outside {field!r} (length {len(current)})")
-        self.entity.text().text(field).insert(_byte_offset(current, index), text)
+        self.entity.text().insert(field, _byte_offset(current, index), text)
         self.texts[field] = current[:index] + text + current[index:]
 
     def text_delete(self, field: str, index: int, length: int) -> None:
@@ -192,7 +189,7 @@ class Draft:
         if length:
             start = _byte_offset(current, index)
             stop = _byte_offset(current, index + length)
-            del self.entity.text().text(field)[start:stop]
+            self.entity.text().delete(field, start, stop)
             self.texts[field] = current[:index] + current[index + length :]
 
 

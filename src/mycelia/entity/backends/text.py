@@ -44,11 +44,13 @@ class TextBackend:
     """Text properties of one entity, backed by one Yrs document."""
 
     name: ClassVar[str] = "text"
-    __slots__ = ("_doc", "_mark")
+    __slots__ = ("_doc", "_edited", "_mark")
 
     def __init__(self, doc: Doc[Any], mark: bytes) -> None:
         self._doc = doc
         self._mark = mark  # state vector at the fork (or the last take_diff)
+        # A deletion does not move the state vector, so "edited" is tracked explicitly.
+        self._edited = False
 
     @classmethod
     def empty(cls, ids: ClientIds | None = None) -> Self:
@@ -89,21 +91,36 @@ class TextBackend:
         return type(self)(doc, doc.get_state())
 
     def text(self, prop: str) -> Text:
-        """The root text of ``prop`` (created empty on first use)."""
+        """The root text of ``prop`` (created empty on first use); read it, edit through
+        :meth:`insert`, :meth:`delete` and :meth:`replace`."""
         text: Text = self._doc.get(prop, type=Text)
         return text
 
-    def edit(self) -> object:
-        """A context manager grouping edits into one Yrs transaction."""
-        return self._doc.transaction()
+    def insert(self, prop: str, offset: int, text: str) -> None:
+        """Insert ``text`` at UTF-8 byte ``offset`` of ``prop`` (a local edit)."""
+        self._edited = True
+        self.text(prop).insert(offset, text)
+
+    def delete(self, prop: str, start: int, stop: int) -> None:
+        """Delete UTF-8 bytes ``start:stop`` of ``prop`` (a local edit)."""
+        self._edited = True
+        del self.text(prop)[start:stop]
+
+    def replace(self, prop: str, text: str) -> None:
+        """Replace the whole of ``prop`` (a local edit, one Yrs transaction)."""
+        self._edited = True
+        target = self.text(prop)
+        with self._doc.transaction():
+            del target[0 : len(target)]
+            target.insert(0, text)
 
     def take_diff(self) -> bytes | None:
         """The edits since the fork (or the last diff) as one Yrs update, or ``None``."""
-        state = self._doc.get_state()
-        if state == self._mark:
+        if not self._edited:
             return None
         diff = bytes(self._doc.get_update(self._mark))
-        self._mark = state
+        self._mark = self._doc.get_state()
+        self._edited = False
         return diff
 
     def values(self) -> dict[str, object]:
