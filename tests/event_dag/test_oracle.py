@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mycelia.errors import EventNotFound
-from mycelia.event_dag import DivergedSince, compare_with
+from mycelia.event_dag import (
+    Ahead,
+    Comparison,
+    DivergedSince,
+    Status,
+    StrictAscends,
+    compare_with,
+)
 from mycelia.proto import EMPTY_CLOCK, AdmittedEvent, Clock, EventId
 from mycelia.testing.dags import DagShape, ancestry, dag_shapes, oracle_relation
 
@@ -75,3 +82,27 @@ def test_with_missing_events_it_matches_the_oracle_or_names_a_one_sided_gap(
 @given(comparisons(hide=True))
 def test_the_oracle_property_nightly(case: tuple[DagShape, list[int], list[int], set[int]]) -> None:
     _check(*case)
+
+
+@settings(max_examples=300)
+@given(comparisons(hide=False))
+def test_a_subject_side_walk_finds_exactly_what_the_subject_has_beyond_the_other(
+    case: tuple[DagShape, list[int], list[int], set[int]],
+) -> None:
+    shape, s, o, _ = case
+    _, events = shape.build()
+    subject = Clock(events[i].id for i in s)
+    other = Clock(events[i].id for i in o)
+    if not subject or not other or subject == other:
+        return
+    parents = {e.id: e.parent for e in events}
+    expected = ancestry(parents, subject) - ancestry(parents, other)
+    cmp = Comparison.start(subject, other, subject_side=True)
+    by_id = {e.id: e for e in events}
+    while cmp.status is Status.WANTS:
+        cmp.feed({i: by_id[i] for i in cmp.wanted})
+    result = cmp.result()
+    assert {e.id for e in result.subject_only} == expected
+    assert result.relation == (Ahead() if expected else StrictAscends())
+    generations = [e.generation for e in result.subject_only]
+    assert generations == sorted(generations)  # parents first

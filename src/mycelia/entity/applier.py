@@ -49,6 +49,7 @@ from mycelia.errors import (
 )
 from mycelia.event_dag import (
     DEFAULT_BUDGET,
+    Ahead,
     BudgetExceeded,
     Disjoint,
     DivergedSince,
@@ -57,6 +58,7 @@ from mycelia.event_dag import (
     StrictAscends,
     StrictDescends,
     compare,
+    missing,
     topological_sort,
 )
 from mycelia.proto import (
@@ -87,6 +89,7 @@ class Action(enum.Enum):
 
 
 VERDICTS: Final[Mapping[type[Relation], Action]] = {
+    Ahead: Action.APPLY,
     Equal: Action.NOTHING,
     StrictAscends: Action.NOTHING,
     StrictDescends: Action.APPLY,
@@ -401,7 +404,9 @@ class Applier:
             # conclude StrictDescends on its first step; skip building it.
             return staged, {staged[0].id: staged[0].generation}
         getter = LocalGetter(staging, self._store, definitive=self._durable)
-        outcome = await compare(
+        # A subject-side walk: the events the head lacks, without walking the head's own
+        # branches (admission already keeps foreign lineage out: parents are this entity's).
+        outcome = await missing(
             getter,
             Clock(e.id for e in staged),
             entity.head,
@@ -414,7 +419,8 @@ class Applier:
             return [], entity.head_generations
         if action is Action.REJECT:
             raise _rejection(outcome.relation, entity.entity_id)
-        return list(outcome.subject_only), outcome.merged_head
+        applied = list(outcome.subject_only)
+        return applied, _head_after(entity.head_generations, applied)
 
     def _admit(
         self,
@@ -481,6 +487,20 @@ class Applier:
             raise ForeignSystem(
                 f"entity {event.entity_id} was created in system {event.system}, not {root}"
             )
+
+
+def _head_after(head: Mapping[EventId, int], applied: list[AdmittedEvent]) -> dict[EventId, int]:
+    """The head once ``applied`` (every event the head lacked, parents first) is applied.
+
+    A tip of an antichain head can only be an ancestor of a new event as one of the new
+    events' direct parents (it would otherwise be an ancestor of another tip), so the new
+    head is the old tips that no new event names as a parent, plus the new events no other
+    new event names.
+    """
+    named = {p for e in applied for p in e.parent}
+    after = {tip: gen for tip, gen in head.items() if tip not in named}
+    after.update((e.id, e.generation) for e in applied if e.id not in named)
+    return after
 
 
 def _action(relation: Relation) -> Action:

@@ -11,8 +11,9 @@ from mycelia.event_dag.comparison import (
     Layer,
     Status,
 )
-from mycelia.event_dag.drive import ESCALATION, compare, compare_with
+from mycelia.event_dag.drive import ESCALATION, compare, compare_with, missing
 from mycelia.event_dag.relation import (
+    Ahead,
     BudgetExceeded,
     Disjoint,
     DivergedSince,
@@ -26,6 +27,7 @@ from mycelia.event_dag.toposort import topological_sort
 __all__ = [
     "DEFAULT_BUDGET",
     "ESCALATION",
+    "Ahead",
     "BudgetExceeded",
     "Comparison",
     "ComparisonResult",
@@ -39,5 +41,6 @@ __all__ = [
     "StrictDescends",
     "compare",
     "compare_with",
+    "missing",
     "topological_sort",
 ]

@@ -41,6 +41,7 @@ from typing import Final
 
 from mycelia.errors import EventNotFound, LineageError
 from mycelia.event_dag.relation import (
+    Ahead,
     BudgetExceeded,
     Disjoint,
     DivergedSince,
@@ -112,7 +113,7 @@ class ComparisonResult:
             LineageError: the result is not :class:`DivergedSince` or
                 :class:`StrictDescends` (layers from a truncated walk would be wrong).
         """
-        if not isinstance(self.relation, (DivergedSince, StrictDescends)):
+        if not isinstance(self.relation, (DivergedSince, StrictDescends, Ahead)):
             raise LineageError(f"no layers for a {type(self.relation).__name__} result")
         by_gen: dict[int, tuple[list[AdmittedEvent], list[AdmittedEvent]]] = {}
         for e in self.subject_only:
@@ -139,6 +140,8 @@ class Comparison:
         "_missing",
         "_nodes",
         "_nonstale",
+        "_subject_open",
+        "_subject_side",
         "_o_only",
         "_o_roots",
         "_other",
@@ -169,6 +172,8 @@ class Comparison:
         self._popped: set[EventId] = set()
         self._missing: set[EventId] = set()
         self._nonstale = 0
+        self._subject_open = 0  # queued ids reached from the subject only
+        self._subject_side = False  # stop once no subject-only id is left (missing())
         self._fetched = 0
         self._steps = 0
         self._meet: list[EventId] = []
@@ -189,6 +194,7 @@ class Comparison:
         budget: int = DEFAULT_BUDGET,
         hints: Mapping[EventId, int] | None = None,
         known: Iterable[AdmittedEvent] = (),
+        subject_side: bool = False,
     ) -> Comparison:
         """Begin comparing ``subject`` with ``other``.
 
@@ -196,8 +202,12 @@ class Comparison:
             budget: events the walk may fetch before it stops in ``OVER_BUDGET``.
             hints: generations of ids that may be unavailable as events (a snapshot head).
             known: events the caller already holds (they cost no fetch).
+            subject_side: stop as soon as every event of ``A(subject) minus A(other)`` is
+                found (``subject_only`` exact, relation ``Ahead`` or ``StrictAscends``).
+                Enough for an applier, and it does not walk the other side's branches.
         """
         cmp = cls(subject, other, budget, hints or {})
+        cmp._subject_side = subject_side
         for event in known:
             cmp._nodes[event.id] = event
         if subject == other:
@@ -302,6 +312,10 @@ class Comparison:
                 self._nonstale += 1
         elif new & _STALE and not old & _STALE:
             self._nonstale -= 1
+        if new == _S and old != _S:
+            self._subject_open += 1
+        elif old == _S:
+            self._subject_open -= 1
 
     def _enqueue(self, eid: EventId) -> None:
         node = self._nodes.get(eid)
@@ -319,7 +333,7 @@ class Comparison:
         """Walk as far as the known events allow; then ask, stop, or conclude."""
         heap, pending, nodes = self._heap, self._pending, self._nodes
         while True:
-            if self._nonstale == 0:
+            if self._nonstale == 0 or (self._subject_side and self._subject_open == 0):
                 self._conclude()
                 return
             if pending:
@@ -360,7 +374,11 @@ class Comparison:
             down = flags | _STALE
         else:
             self._nonstale -= 1
-            (self._s_only if flags == _S else self._o_only).append(eid)
+            if flags == _S:
+                self._s_only.append(eid)
+                self._subject_open -= 1
+            else:
+                self._o_only.append(eid)
             down = flags
         node = self._nodes.get(eid)
         if node is None:
@@ -399,8 +417,15 @@ class Comparison:
                     self._nonstale += 1
             elif new & _STALE and not old & _STALE:
                 self._nonstale -= 1
+            if new == _S and old != _S:
+                self._subject_open += 1
+            elif old == _S:
+                self._subject_open -= 1
 
     def _conclude(self) -> None:
+        if self._subject_side:
+            self._finish(Ahead() if self._s_only else StrictAscends())
+            return
         if not self._o_only and not self._s_roots:
             self._finish(StrictDescends())
         elif not self._s_only:

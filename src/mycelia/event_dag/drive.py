@@ -14,7 +14,7 @@ from mycelia.event_dag.comparison import DEFAULT_BUDGET, Comparison, ComparisonR
 from mycelia.proto import AdmittedEvent, Clock, EventId
 from mycelia.retrieval import EventSource
 
-__all__ = ["ESCALATION", "compare", "compare_with"]
+__all__ = ["ESCALATION", "compare", "compare_with", "missing"]
 
 ESCALATION: Final = 4
 """A walk over budget is resumed once with its budget raised to this multiple."""
@@ -28,6 +28,7 @@ async def compare(
     budget: int = DEFAULT_BUDGET,
     hints: Mapping[EventId, int] | None = None,
     known: Iterable[AdmittedEvent] = (),
+    subject_side: bool = False,
 ) -> ComparisonResult:
     """Compare ``subject`` with ``other``, reading events from ``events`` in batches.
 
@@ -35,7 +36,9 @@ async def compare(
     than ``ESCALATION * budget`` events. Raises EventNotFound when an event that only one
     side reaches is unavailable.
     """
-    cmp = Comparison.start(subject, other, budget=budget, hints=hints, known=known)
+    cmp = Comparison.start(
+        subject, other, budget=budget, hints=hints, known=known, subject_side=subject_side
+    )
     escalated = False
     while True:
         if cmp.status is Status.WANTS:
@@ -45,6 +48,27 @@ async def compare(
             cmp.extend_budget(budget * (ESCALATION - 1))
         else:
             return cmp.result()
+
+
+async def missing(
+    events: EventSource,
+    subject: Clock,
+    other: Clock,
+    *,
+    budget: int = DEFAULT_BUDGET,
+    hints: Mapping[EventId, int] | None = None,
+    known: Iterable[AdmittedEvent] = (),
+) -> ComparisonResult:
+    """The events of ``A(subject) \\ A(other)``, parents first, and nothing more.
+
+    A subject-side walk: it stops as soon as they are all found, without walking the other
+    clock's own branches (what an applier needs; see :class:`Comparison`'s
+    ``subject_side``). The relation is ``Ahead``, ``StrictAscends`` (nothing missing) or
+    ``BudgetExceeded``.
+    """
+    return await compare(
+        events, subject, other, budget=budget, hints=hints, known=known, subject_side=True
+    )
 
 
 def compare_with(

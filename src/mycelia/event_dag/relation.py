@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from mycelia.proto import Clock, EventId
 
 __all__ = [
+    "Ahead",
     "BudgetExceeded",
     "Disjoint",
     "DivergedSince",
@@ -66,6 +67,13 @@ class Disjoint:
 
 
 @dataclass(frozen=True, slots=True)
+class Ahead:
+    """Only from a subject-side walk (:func:`~mycelia.event_dag.missing`): the subject holds
+    events the other clock lacks. It says nothing more (the walk stopped as soon as it had
+    found all of them)."""
+
+
+@dataclass(frozen=True, slots=True)
 class BudgetExceeded:
     """The walk stopped after fetching ``budget`` events, with ``frontier`` still to visit."""
 
@@ -73,4 +81,6 @@ class BudgetExceeded:
     frontier: tuple[EventId, ...]
 
 
-Relation = Equal | StrictDescends | StrictAscends | DivergedSince | Disjoint | BudgetExceeded
+Relation = (
+    Equal | StrictDescends | StrictAscends | DivergedSince | Disjoint | Ahead | BudgetExceeded
+)
