@@ -140,8 +140,6 @@ class Comparison:
         "_missing",
         "_nodes",
         "_nonstale",
-        "_subject_open",
-        "_subject_side",
         "_o_only",
         "_o_roots",
         "_other",
@@ -154,6 +152,8 @@ class Comparison:
         "_steps",
         "_strict",
         "_subject",
+        "_subject_open",
+        "_subject_side",
         "_wanted",
     )
 
