@@ -191,7 +191,10 @@ class Convergence(RuleBasedStateMachine):
                 self.sync(source, target, 0, 1, False, 1.0)
 
 
-Convergence.TestCase.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
+# The profile decides how hard to look: dev (60 programs), ci (200), each 20 steps.
+Convergence.TestCase.settings = settings(
+    max_examples=settings.default.max_examples, stateful_step_count=20, deadline=None
+)
 TestConvergence = Convergence.TestCase
 
 
@@ -216,6 +219,6 @@ class ConvergenceToTheEnd(Convergence):
 
 
 ConvergenceToTheEnd.TestCase.settings = settings(
-    max_examples=30, stateful_step_count=20, deadline=None
+    max_examples=max(30, settings.default.max_examples // 2), stateful_step_count=20, deadline=None
 )
 TestConvergenceToTheEnd = ConvergenceToTheEnd.TestCase
