@@ -29,6 +29,8 @@ QUERIES = [
     ("tag IN ('a', 'b') OR n IS NULL", ()),
     ("NOT (n < 0) ORDER BY tag, n LIMIT 3", ()),
     ("n >= -1 ORDER BY n LIMIT 2", ()),
+    ("tag = 'a' AND n > ?", (-5,)),  # pinned: indexed under tag = 'a'
+    ("tag = 'b' ORDER BY n DESC LIMIT 2", ()),
 ]
 
 values = st.fixed_dictionaries(

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from mycelia.entity import EntityChange, Snapshot
 from mycelia.entity.model import Model
-from mycelia.errors import ConnectionClosed, MyceliaError, RequestTimeout
+from mycelia.errors import ConnectionClosed, InvalidArgument, MyceliaError, RequestTimeout
 from mycelia.node.deltas import query_rows
 from mycelia.proto import EntityId, EntityState
 from mycelia.proto.peering import (
@@ -39,7 +39,17 @@ from mycelia.proto.peering import (
     SubscribeRequest,
     UnsubscribeRequest,
 )
-from mycelia.proto.query import evaluate, order_key, parse
+from mycelia.proto.query import (
+    And,
+    Comparison,
+    Op,
+    Placeholder,
+    Query,
+    encode_key,
+    evaluate,
+    order_key,
+    parse,
+)
 
 if TYPE_CHECKING:
     from mycelia.node.client import Connection
@@ -172,8 +182,14 @@ class LiveQuery(Generic[M]):
                 self._admit(snapshot)
         return self.items
 
-    def _admit(self, snapshot: Snapshot) -> M:
-        view = self.model._view(snapshot)
+    def _admit(self, snapshot: Snapshot, views: dict[object, Model] | None = None) -> M:
+        key = (self.model, snapshot.entity_id)
+        if views is not None and key in views:
+            view: M = views[key]  # type: ignore[assignment]  # same model class
+        else:
+            view = self.model._view(snapshot)
+            if views is not None:
+                views[key] = view
         if snapshot.entity_id not in self._members:
             self._node.reactor.track(snapshot.entity_id, self)
         self._members[snapshot.entity_id] = view
@@ -193,8 +209,11 @@ class LiveQuery(Generic[M]):
         """Whether the entity is in the current result."""
         return entity_id in self._members
 
-    def apply(self, changes: list[EntityChange]) -> None:
-        """React to committed changes (called by the reactor for candidate queries only)."""
+    def apply(self, changes: list[EntityChange], views: dict[object, Model] | None = None) -> None:
+        """React to committed changes (called by the reactor for candidate queries only).
+
+        ``views`` shares the views built for one batch of changes between queries.
+        """
         if self._buffer is not None:
             self._buffer.extend(changes)
             return
@@ -209,7 +228,7 @@ class LiveQuery(Generic[M]):
             was = entity_id in self._members
             if self.matches(after):
                 previous = self._members.get(entity_id)
-                view = self._admit(after)
+                view = self._admit(after, views)
                 if not was:
                     out.added.append(view)
                 elif view != previous:  # a no-op delta emits nothing
@@ -291,11 +310,19 @@ def _snapshot_of(state: EntityState, values: Mapping[str, object]) -> Snapshot:
 
 
 class Reactor:
-    """The node's live queries and their candidate index; one change listener for all."""
+    """The node's live queries and their candidate index; one change listener for all.
+
+    A query that pins a field to a value (``group = ? AND ...``) is indexed under that
+    (field, value): a change can only concern it if the entity is a member or now has that
+    value. Other queries are indexed under every field they read. Members are indexed by
+    entity. A create concerns the pinned queries of its values and every unpinned query.
+    """
 
     def __init__(self, node: Node) -> None:
         self._by_field: dict[tuple[str, str], set[LiveQuery[Model]]] = {}
-        self._by_collection: dict[str, set[LiveQuery[Model]]] = {}
+        self._pinned: dict[tuple[str, str, bytes], set[LiveQuery[Model]]] = {}
+        self._pinned_fields: dict[str, set[str]] = {}
+        self._unpinned: dict[str, set[LiveQuery[Model]]] = {}
         self._by_entity: dict[EntityId, set[LiveQuery[Model]]] = {}
         node.on_change(self._on_change)
 
@@ -314,40 +341,75 @@ class Reactor:
     def add(self, live: LiveQuery[M]) -> None:
         """Register a live query."""
         collection = live.model.__collection__
-        self._by_collection.setdefault(collection, set()).add(live)  # type: ignore[arg-type]
+        pin = _pinned(live.query)
+        if pin is not None:
+            name, key = pin
+            self._pinned.setdefault((collection, name, key), set()).add(live)  # type: ignore[arg-type]
+            self._pinned_fields.setdefault(collection, set()).add(name)
+            return
+        self._unpinned.setdefault(collection, set()).add(live)  # type: ignore[arg-type]
         for name in live.reads:
             self._by_field.setdefault((collection, name), set()).add(live)  # type: ignore[arg-type]
 
     def remove(self, live: LiveQuery[M]) -> None:
         """Forget a live query."""
-        collection = live.model.__collection__
-        self._by_collection.get(collection, set()).discard(live)
-        for key, queries in list(self._by_field.items()):
-            queries.discard(live)
-            if not queries:
-                del self._by_field[key]
+        _discard(self._by_field, live)
+        _discard(self._pinned, live)
+        _discard(self._unpinned, live)
 
     def reindex(self, live: LiveQuery[M]) -> None:
         """Refresh a query's index entries after its query changed."""
         self.remove(live)
         self.add(live)
 
+    def _candidates(self, change: EntityChange) -> set[LiveQuery[Model]]:
+        collection = change.after.collection
+        candidates = set(self._by_entity.get(change.after.entity_id, ()))
+        values = change.after.values
+        for name in self._pinned_fields.get(collection, ()):
+            if name in values:
+                try:
+                    key = encode_key(values[name])
+                except InvalidArgument:
+                    continue
+                candidates |= self._pinned.get((collection, name, key), set())
+        if not change.before.exists:
+            candidates |= self._unpinned.get(collection, set())
+        else:
+            for name in change.changed:
+                candidates |= self._by_field.get((collection, name), set())
+        return candidates
+
     def _on_change(self, changes: list[EntityChange]) -> None:
         touched: dict[LiveQuery[Model], list[EntityChange]] = {}
         for change in changes:
-            collection = change.after.collection
-            everyone = self._by_collection.get(collection)
-            if not everyone:
-                continue
-            candidates: set[LiveQuery[Model]] = set()
-            changed = change.changed | ({"*"} if not change.before.exists else set())
-            if "*" in changed:
-                candidates = everyone  # a new entity: any query may want it
-            else:
-                for name in changed:
-                    candidates |= self._by_field.get((collection, name), set())
-                candidates |= self._by_entity.get(change.after.entity_id, set())
-            for live in candidates:
+            for live in self._candidates(change):
                 touched.setdefault(live, []).append(change)
+        views: dict[object, Model] = {}  # one view per (model, entity) for this batch
         for live, mine in touched.items():
-            live.apply(mine)
+            live.apply(mine, views)
+
+
+K = TypeVar("K")
+
+
+def _discard(index: dict[K, set[LiveQuery[Model]]], live: LiveQuery[M]) -> None:
+    for key, queries in list(index.items()):
+        queries.discard(live)
+        if not queries:
+            del index[key]
+
+
+def _pinned(query: Query) -> tuple[str, bytes] | None:
+    """A (field, value key) the query requires with ``field = value`` at its top level."""
+    predicate = query.predicate
+    items = predicate.items if isinstance(predicate, And) else (predicate,)
+    for item in items:
+        if (
+            isinstance(item, Comparison)
+            and item.op is Op.EQ
+            and len(item.path) == 1
+            and not isinstance(item.value, Placeholder)
+        ):
+            return item.path[0], encode_key(item.value)
+    return None

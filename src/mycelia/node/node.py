@@ -259,7 +259,9 @@ class Node:
         return result
 
     async def _commit_ephemeral(self, events: list[Event], check: EventCheck) -> IngestResult:
-        await self.applier.ingest(events, atomic=True, check=check, dry_run=True)
+        if not isinstance(self.policy, PermissiveAgent):
+            # Check locally before the server sees anything (a permissive agent allows all).
+            await self.applier.ingest(events, atomic=True, check=check, dry_run=True)
         upstream = self.upstream
         if upstream is not None and upstream.state is ConnectionState.READY:
             try:

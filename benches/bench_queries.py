@@ -1,0 +1,151 @@
+"""Query benchmarks (issue 7).
+
+Targets: fetch ``ORDER BY x LIMIT 20`` with a range predicate over 100,000 entities on LMDB
+≤ 5 ms (an index, not a scan); one commit with 1,000 live queries registered on the node
+≤ 1 ms of query work per commit (the candidate index: only queries the change can affect
+are evaluated); subscription establishment for 1,000 matching entities over websockets
+≤ 100 ms.
+
+Run: ``python -m benches.bench_queries``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+
+import mycelia
+from benches.harness import Table, fmt_time, verdict
+from mycelia import Model, Node
+from mycelia.node.live import LiveQuery
+from mycelia.storage import MemoryStorage, StorageEngine
+
+
+class Row(Model, collection="rows"):
+    x: int
+    group: int
+    label: str
+
+
+async def populated(storage: StorageEngine, count: int, *, batch: int = 1000) -> Node:
+    node = await Node.open(storage, durable=True, rng=random.Random(1))
+    await node.create_system()
+    rng = random.Random(2)
+    for start in range(0, count, batch):
+        async with node.context().transaction() as trx:
+            for i in range(start, min(count, start + batch)):
+                trx.create(Row, x=rng.randint(-1_000_000, 1_000_000), group=i % 1000, label=f"r{i}")
+    return node
+
+
+async def fetch_case(storage: StorageEngine, count: int) -> float:
+    node = await populated(storage, count)
+    ctx = node.context()
+    times = []
+    for _ in range(20):
+        low = random.randint(-1_000_000, 900_000)
+        start = time.perf_counter()
+        rows = await ctx.fetch(Row, "x > ? AND x < ? ORDER BY x LIMIT 20", low, low + 100_000)
+        times.append(time.perf_counter() - start)
+        assert len(rows) <= 20
+    await node.close()
+    return statistics.median(times)
+
+
+async def live_queries_case(queries: int) -> tuple[float, float]:
+    """Median commit time with ``queries`` live queries vs none; the difference is query work."""
+    node = await populated(MemoryStorage(), 2000)
+    ctx = node.context()
+    ids = [v.id for v in await ctx.fetch(Row, "group < 10")]
+
+    async def commits() -> float:
+        samples = []
+        for i in range(300):
+            start = time.perf_counter()
+            async with ctx.transaction() as trx:
+                (await trx.edit(Row, ids[i % len(ids)])).label = f"l{i}"
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+    baseline = await commits()
+    lives: list[LiveQuery[Row]] = []
+    for g in range(queries):
+        live = ctx.query(Row, "group = ? AND x > ?", g, 0)
+        await live.__aenter__()
+        lives.append(live)
+    loaded = await commits()
+    for live in lives:
+        await live.close()
+    await node.close()
+    return baseline, loaded
+
+
+async def subscription_case(matching: int) -> float:
+    server_node = await populated(MemoryStorage(), matching)
+    server = await mycelia.serve(server_node, host="127.0.0.1", port=0)
+    times = []
+    for _ in range(5):
+        client = await Node.open(MemoryStorage(), durable=False)
+        await mycelia.connect(client, f"ws://127.0.0.1:{server.port}")
+        await client.wait_ready(timeout=30)
+        start = time.perf_counter()
+        async with client.context().query(Row, "x >= ?", -1_000_000) as live:
+            elapsed = time.perf_counter() - start
+            assert len(live.items) == matching
+        times.append(elapsed)
+        await client.close()
+    await server.close()
+    await server_node.close()
+    return statistics.median(times)
+
+
+async def run() -> None:
+    rows = []
+    try:
+        from mycelia.storage.lmdb import LmdbStorage  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - the LMDB engine is part of the package
+        LmdbStorage = None  # type: ignore[assignment,misc]  # noqa: N806
+    if LmdbStorage is not None:
+        with tempfile.TemporaryDirectory() as data:
+            t = await fetch_case(LmdbStorage(data), 100_000)
+        rows.append(
+            [
+                "fetch range ORDER BY x LIMIT 20, 100,000 entities, LMDB",
+                fmt_time(t),
+                "≤ 5 ms",
+                verdict(t <= 5e-3),
+            ]
+        )
+    t = await fetch_case(MemoryStorage(), 100_000)
+    rows.append(["same, MemoryStorage (scan + reference executor)", fmt_time(t), "report", ""])
+    baseline, loaded = await live_queries_case(1000)
+    work = loaded - baseline
+    rows.append(
+        [
+            "one commit with 1,000 live queries",
+            f"{fmt_time(loaded)} vs {fmt_time(baseline)} without: +{fmt_time(max(work, 0))}",
+            "≤ 1 ms query work",
+            verdict(work <= 1e-3),
+        ]
+    )
+    t = await subscription_case(1000)
+    rows.append(
+        [
+            "subscribe to 1,000 matching entities over websockets",
+            fmt_time(t),
+            "≤ 100 ms",
+            verdict(t <= 0.1),
+        ]
+    )
+    Table("queries and live queries", ["case", "measured", "target", "ok"], rows).print()
+
+
+def main() -> None:
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
