@@ -204,43 +204,58 @@ class Applier:
         return result
 
     async def ingest_state(self, incoming: EntityState) -> IngestResult:
-        """Merge a state snapshot from a peer (ARCHITECTURE.md §7: a snapshot, not events).
+        """Merge one state snapshot from a peer; see :meth:`ingest_states`."""
+        return await self.ingest_states([incoming])
+
+    async def ingest_states(self, states: Sequence[EntityState]) -> IngestResult:
+        """Merge state snapshots from a peer (ARCHITECTURE.md §7: a snapshot, not events).
 
         Every backend is a state-based CRDT, so merging is always correct for the values;
         the head becomes the maximal ids of both heads (by comparison; if the history
         needed to decide is not here, both heads are kept, which later comparisons handle).
-        An older or equal snapshot is a no-op. Raises DecodeError for malformed buffers and
-        InvalidEvent for a snapshot that contradicts the entity (another collection).
+        An older or equal snapshot is a no-op. All the merged states are written at once.
+        Raises DecodeError for malformed buffers and InvalidEvent for a snapshot that
+        contradicts the entity (another collection); nothing is written then.
         """
         result = IngestResult()
-        entity_id = incoming.entity_id
-        async with self.lock(entity_id):
-            entity = await self.load(entity_id)
-            if entity is not None and incoming.collection != entity.collection:
-                raise InvalidEvent(
-                    f"snapshot of {entity_id} names collection {incoming.collection!r}, "
-                    f"not {entity.collection!r}"
-                )
-            if entity is None or not entity.exists:
-                fresh = Entity.from_state(incoming)
-                before = Entity.empty(entity_id, incoming.collection).snapshot()
-                changed = set(fresh.values())
-                entity = fresh
-            else:
-                before = entity.snapshot()
-                head = await self._merged_head(entity, incoming)
-                if head is None:
-                    return result
-                try:
-                    changed = entity.merge_state(incoming)
-                except MyceliaError:
+        by_id = {s.entity_id: s for s in states}
+        async with AsyncExitStack() as stack:
+            for entity_id in sorted(by_id):
+                await stack.enter_async_context(self.lock(entity_id))
+            plans: list[_Plan] = []
+            try:
+                for incoming in by_id.values():
+                    plan = await self._merge_state(incoming)
+                    if plan is not None:
+                        plans.append(plan)
+            except BaseException:
+                for entity_id in by_id:
                     self._residents.evict(entity_id)
-                    raise
-                entity.set_head(head)
-            self._residents.put(entity)
-            plan = _Plan(entity, before, [], [], changed)
-            await self._commit([plan], result, states_only=True)
+                raise
+            await self._commit(plans, result, states_only=True)
         return result
+
+    async def _merge_state(self, incoming: EntityState) -> _Plan | None:
+        entity_id = incoming.entity_id
+        entity = await self.load(entity_id)
+        if entity is not None and incoming.collection != entity.collection:
+            raise InvalidEvent(
+                f"snapshot of {entity_id} names collection {incoming.collection!r}, "
+                f"not {entity.collection!r}"
+            )
+        if entity is None or not entity.exists:
+            fresh = Entity.from_state(incoming)
+            before = Entity.empty(entity_id, incoming.collection).snapshot()
+            self._residents.put(fresh)
+            return _Plan(fresh, before, [], [], set(fresh.values()))
+        before = entity.snapshot()
+        head = await self._merged_head(entity, incoming)
+        if head is None:
+            return None
+        changed = entity.merge_state(incoming)
+        entity.set_head(head)
+        self._residents.put(entity)
+        return _Plan(entity, before, [], [], changed)
 
     async def _merged_head(
         self, entity: Entity, incoming: EntityState

@@ -36,7 +36,7 @@ from mycelia.errors import (
 )
 from mycelia.node.peer import PeerConnection
 from mycelia.node.transport import Transport, WebsocketTransport
-from mycelia.proto import Event, EventId
+from mycelia.proto import EventId
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
     CommitRequest,
@@ -226,12 +226,10 @@ class Connection:
     async def apply_deltas(self, deltas: tuple[Delta, ...]) -> list[EntityChange]:
         """Apply deltas from the server (states merged, events ingested, gaps fetched)."""
         changes: list[EntityChange] = []
-        events: list[Event] = []
-        for delta in deltas:
-            if delta.state is not None:
-                result = await self.node.applier.ingest_state(delta.state)
-                changes.extend(result.changes)
-            events.extend(delta.events)
+        events = [e for d in deltas for e in d.events]
+        states = [d.state for d in deltas if d.state is not None]
+        if states:
+            changes.extend((await self.node.applier.ingest_states(states)).changes)
         if events:
             result = await self.node.applier.ingest(events)
             changes.extend(result.changes)

@@ -225,9 +225,11 @@ class LiveQuery(Generic[M]):
         out: ChangeSet[M] = ChangeSet()
         for change in changes:
             after, entity_id = change.after, change.after.entity_id
-            was = entity_id in self._members
+            previous = self._members.get(entity_id)
+            if previous is not None and previous.head == after.head:
+                continue  # already shown at this head (e.g. seen by the initial load)
+            was = previous is not None
             if self.matches(after):
-                previous = self._members.get(entity_id)
                 view = self._admit(after, views)
                 if not was:
                     out.added.append(view)
