@@ -24,7 +24,10 @@ that cannot be encoded fails the whole batch (every engine checks it, memory inc
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping
+import asyncio
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -40,6 +43,7 @@ __all__ = [
     "DumpRecord",
     "EntityRecord",
     "FeedEntry",
+    "FeedSignal",
     "MetaRecord",
     "StorageEngine",
     "decode_feed",
@@ -132,8 +136,57 @@ def decode_feed(offset: int, data: bytes) -> FeedEntry:
         raise StorageCorrupt(f"feed row {offset} does not decode: {exc!r}") from exc
 
 
+class FeedSignal:
+    """Wakes ``wait_for_feed`` callers on any event loop, from any thread.
+
+    A hint only: a woken caller re-checks its condition, and so does every caller that
+    registers, so a wake between a check and a registration is never lost.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def notify(self) -> None:
+        """Wake every current waiter (safe from any thread)."""
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for loop, waiter in waiters:
+            with suppress(RuntimeError):  # that loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_wake, waiter)
+
+    async def wait(self, has_news: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``has_news()`` or ``timeout`` seconds; returns ``has_news()``."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                while not has_news():
+                    entry = (loop, loop.create_future())
+                    with self._lock:
+                        self._waiters.append(entry)
+                    try:
+                        if not has_news():  # checked after registering: no wake is missed
+                            await entry[1]
+                    finally:
+                        with self._lock:
+                            if entry in self._waiters:
+                                self._waiters.remove(entry)
+        except TimeoutError:
+            pass
+        return has_news()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class StorageEngine(EntityStore, Protocol):
     """What a node needs from durable (or in-memory) storage."""
+
+    async def event_stored(self, event_id: EventId) -> bool:
+        """Whether ``event_id`` is stored (durably, on a durable engine)."""
+        ...
 
     async def events_of(self, entity_id: EntityId) -> list[AdmittedEvent]:
         """Every stored event of ``entity_id``, parents first (by generation, then id)."""

@@ -1,0 +1,511 @@
+"""``PostgresStorage``: the server engine, on PostgreSQL through psycopg 3 (ARCHITECTURE.md §6).
+
+Opening: ``storage = await PostgresStorage(dsn).open()``. An engine that is used before
+``open()`` opens itself on first use, so ``await Node.open(PostgresStorage(dsn), ...)``
+works too (the first call then pays for connecting and migrating).
+
+Schema (all tables in the PostgreSQL schema named by ``schema=``, default ``mycelia``):
+
+- ``events(id bytea PK, entity_id, generation, parents, body)`` — ``parents`` is the
+  concatenated 32-byte parent ids, so read-ahead can walk ancestors in SQL; an index on
+  ``(entity_id, generation, id)`` serves ``events_of`` parents first;
+- ``states(entity_id PK, collection, state, values_raw, values)`` — ``values_raw`` is the
+  exact msgpack of the values; ``values`` is a JSONB projection for SQL (bytes become
+  ``{"$bytes": base64}``, non-finite floats ``{"$float": "inf"}``, NUL characters in
+  strings U+FFFD — JSONB cannot hold them); an index on ``(collection, entity_id)``;
+- ``feed("offset" PK, entity_id, collection, head)`` and the one-row ``feed_clock(last)``;
+- ``meta(key PK, value)``; ``version(version)``: the schema version.
+
+Invariants:
+
+- The engine creates and migrates its schema itself, under a transaction-level advisory
+  lock (``pg_advisory_xact_lock``), so processes starting together do not race the DDL. A
+  database migrated by a newer engine is refused (StorageError).
+- Every write batch is **one transaction**: events (``ON CONFLICT DO NOTHING ... RETURNING
+  id`` tells which were new), states, feed rows, meta.
+- **The feed never skips a committed batch.** Offsets are not taken from a sequence (which
+  has gaps, and whose values can become visible out of order). A batch with states updates
+  the ``feed_clock`` row as the last step of its transaction: the row lock serialises
+  writers from that point until commit, so offsets are gap-free (a rollback gives them
+  back) and a batch with higher offsets cannot commit before one with lower offsets. A
+  reader that sees offset *n* therefore sees every offset below it.
+- ``wait_for_feed`` wakes on ``LISTEN``/``NOTIFY`` (each batch notifies its last offset on
+  commit), but treats it as a hint only: it re-reads the clock and polls every
+  ``poll_interval`` seconds, so a lost notification (or a backend without NOTIFY) costs
+  latency, never data. Several processes may share one database and see each other's
+  commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import logging
+import math
+import re
+from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping, Sequence
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from mycelia.errors import DecodeError, StorageCorrupt, StorageError, StorageReadOnly
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
+from mycelia.retrieval import StoredState, WriteBatch, WriteResult
+from mycelia.storage.engine import (
+    STORED_LIMITS,
+    DumpRecord,
+    FeedEntry,
+    MetaRecord,
+    decode_values,
+    encode_values,
+    entity_records,
+    load_records,
+)
+
+__all__ = ["SCHEMA_VERSION", "PostgresStorage"]
+
+log = logging.getLogger(__name__)
+
+_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,39}\Z")
+_V1: Final = """
+CREATE TABLE {s}.events (id bytea PRIMARY KEY, entity_id bytea NOT NULL,
+    generation bigint NOT NULL, parents bytea NOT NULL, body bytea NOT NULL);
+CREATE INDEX events_by_entity ON {s}.events (entity_id, generation, id);
+CREATE TABLE {s}.states (entity_id bytea PRIMARY KEY, collection text NOT NULL,
+    state bytea NOT NULL, values_raw bytea NOT NULL, "values" jsonb NOT NULL);
+CREATE INDEX states_by_collection ON {s}.states (collection, entity_id);
+CREATE TABLE {s}.feed ("offset" bigint PRIMARY KEY, entity_id bytea NOT NULL,
+    collection text NOT NULL, head bytea NOT NULL);
+CREATE TABLE {s}.feed_clock (id int PRIMARY KEY CHECK (id = 1), last bigint NOT NULL);
+INSERT INTO {s}.feed_clock VALUES (1, 0);
+CREATE TABLE {s}.meta (key text PRIMARY KEY, value bytea NOT NULL)
+"""
+MIGRATIONS: Final = (_V1,)
+"""Migration *n* (1-based) brings the schema from version n-1 to n."""
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+_Q: Final = {
+    "insert_events": """INSERT INTO {s}.events (id, entity_id, generation, parents, body)
+        SELECT * FROM unnest(%b::bytea[], %b::bytea[], %b::bigint[], %b::bytea[], %b::bytea[])
+        ON CONFLICT (id) DO NOTHING RETURNING id""",
+    "upsert_states": """INSERT INTO {s}.states (entity_id, collection, state, values_raw, "values")
+        SELECT e, c, st, r, j::jsonb FROM unnest(%b::bytea[], %s::text[], %b::bytea[],
+            %b::bytea[], %s::text[]) AS t(e, c, st, r, j)
+        ON CONFLICT (entity_id) DO UPDATE SET state = excluded.state,
+            values_raw = excluded.values_raw, "values" = excluded."values\"""",
+    "append_feed": """WITH clock AS (
+            UPDATE {s}.feed_clock SET last = last + cardinality(%(e)b::bytea[]) WHERE id = 1
+            RETURNING last),
+        added AS (INSERT INTO {s}.feed ("offset", entity_id, collection, head)
+            SELECT clock.last - cardinality(%(e)b::bytea[]) + r.n, r.e, r.c, r.h
+            FROM clock, unnest(%(e)b::bytea[], %(c)s::text[], %(h)b::bytea[])
+                WITH ORDINALITY AS r(e, c, h, n))
+        SELECT last, pg_notify(%(channel)s, last::text) FROM clock""",
+    "put_meta": """INSERT INTO {s}.meta (key, value) SELECT * FROM unnest(%s::text[], %b::bytea[])
+        ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
+    "delete_meta": "DELETE FROM {s}.meta WHERE key = ANY(%s::text[])",
+    "events": "SELECT id, generation, body FROM {s}.events WHERE id = ANY(%b::bytea[])",
+    "ahead": """WITH RECURSIVE walk(id) AS (
+            SELECT unnest(%(ids)b::bytea[])
+          UNION
+            SELECT substring(e.parents FROM i * 32 + 1 FOR 32)
+            FROM walk JOIN {s}.events e ON e.id = walk.id,
+                generate_series(0, length(e.parents) / 32 - 1) AS i)
+        SELECT e.id, e.generation, e.body
+        FROM (SELECT id FROM walk LIMIT %(n)s) w JOIN {s}.events e ON e.id = w.id""",
+    "stored": "SELECT 1 FROM {s}.events WHERE id = %b",
+    "events_of": """SELECT id, generation, body FROM {s}.events WHERE entity_id = %b
+        ORDER BY generation, id""",
+    "state": "SELECT state FROM {s}.states WHERE entity_id = %b",
+    "states": "SELECT state FROM {s}.states WHERE entity_id = ANY(%b::bytea[])",
+    "stored_state": "SELECT state, values_raw FROM {s}.states WHERE entity_id = %b",
+    "scan": """SELECT state, values_raw FROM {s}.states WHERE collection = %s
+        ORDER BY entity_id""",
+    "feed": """SELECT "offset", entity_id, collection, head FROM {s}.feed
+        WHERE "offset" > %s ORDER BY "offset" LIMIT %s""",
+    "last": "SELECT last FROM {s}.feed_clock",
+    "meta": "SELECT value FROM {s}.meta WHERE key = %s",
+    "all_meta": "SELECT key, value FROM {s}.meta ORDER BY key",
+    "entities": """SELECT entity_id FROM (
+            (SELECT DISTINCT entity_id FROM {s}.events WHERE entity_id > %(after)b
+                ORDER BY entity_id LIMIT %(n)s)
+          UNION
+            (SELECT entity_id FROM {s}.states WHERE entity_id > %(after)b
+                ORDER BY entity_id LIMIT %(n)s)) u ORDER BY entity_id LIMIT %(n)s""",
+}
+
+
+def _jsonable(value: object) -> object:
+    """The JSONB projection of a value (see the module docstring)."""
+    if isinstance(value, str):
+        return value.replace("\0", "\ufffd")
+    if isinstance(value, bytes):
+        return {"$bytes": base64.b64encode(value).decode()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"$float": str(value)}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k).replace("\0", "\ufffd"): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _translate(exc: Exception, what: str) -> StorageError:
+    if isinstance(
+        exc, (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege)
+    ):
+        return StorageReadOnly(f"{what}: {exc}")
+    if isinstance(exc, (psycopg.errors.DataCorrupted, psycopg.errors.IndexCorrupted)):
+        return StorageCorrupt(f"{what}: {exc}")
+    return StorageError(f"{what}: {exc}")
+
+
+def _admitted(row: Sequence[Any]) -> AdmittedEvent:
+    event_id, generation, body = row
+    try:
+        event = Event.from_bytes(body, limits=STORED_LIMITS, expect_id=EventId._trusted(event_id))
+    except DecodeError as exc:
+        raise StorageCorrupt(f"stored event {bytes(event_id).hex()} is damaged: {exc}") from exc
+    return AdmittedEvent(event, generation)
+
+
+def _state(raw: bytes) -> EntityState:
+    try:
+        return EntityState.from_bytes(raw, limits=STORED_LIMITS)
+    except DecodeError as exc:
+        raise StorageCorrupt(f"a stored state is damaged: {exc}") from exc
+
+
+class PostgresStorage:
+    """The PostgreSQL engine; ``await PostgresStorage(dsn).open()`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "mycelia",
+        min_connections: int = 1,
+        max_connections: int = 8,
+        poll_interval: float = 1.0,
+        connect_timeout: float = 30.0,
+        listen: bool = True,
+    ) -> None:
+        if not _SCHEMA_NAME.match(schema):
+            raise StorageError(f"schema must match {_SCHEMA_NAME.pattern}, not {schema!r}")
+        self.dsn = dsn
+        self.schema = schema
+        self.channel = f"mycelia_feed_{schema}"
+        self._sizes = (min_connections, max_connections)
+        self._poll = poll_interval
+        self._listen_enabled = listen
+        self._connect_timeout = connect_timeout
+        self._q = {k: sql.SQL(v).format(s=sql.Identifier(schema)) for k, v in _Q.items()}
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._news = asyncio.Event()
+        self._opening = asyncio.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ opening
+
+    async def open(self) -> PostgresStorage:
+        """Connect, create or migrate the schema, start listening; returns ``self``.
+
+        Raises StorageError if the server cannot be reached or the schema is newer.
+        """
+        async with self._opening:
+            if self._closed:
+                raise StorageError("this PostgresStorage is closed")
+            if self._pool is not None:
+                return self
+            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                self.dsn, min_size=self._sizes[0], max_size=self._sizes[1],
+                kwargs={"autocommit": True}, open=False, timeout=self._connect_timeout,
+            )  # fmt: skip
+            try:
+                await pool.open(wait=True, timeout=self._connect_timeout)
+                await self._migrate(pool)
+            except (psycopg.Error, PoolTimeout) as exc:
+                await pool.close()
+                raise _translate(exc, f"cannot open PostgreSQL schema {self.schema}") from exc
+            except BaseException:
+                await pool.close()
+                raise
+            self._pool = pool
+            if self._listen_enabled:
+                listening = asyncio.Event()
+                self._listener = asyncio.create_task(self._listen(listening), name=self.channel)
+                try:  # so that a commit made right after open() wakes this engine
+                    async with asyncio.timeout(self._connect_timeout):
+                        await listening.wait()
+                except TimeoutError:
+                    log.warning("feed listener on %s not ready; polling", self.channel)
+            return self
+
+    async def _migrate(self, pool: AsyncConnectionPool[Any]) -> None:
+        key = int.from_bytes(
+            hashlib.sha256(f"mycelia:{self.schema}".encode()).digest()[:8], "big", signed=True
+        )
+        s = sql.Identifier(self.schema)
+        async with pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+            await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
+            await conn.execute(
+                sql.SQL("CREATE TABLE IF NOT EXISTS {}.version (version int NOT NULL)").format(s)
+            )
+            row = await (
+                await conn.execute(sql.SQL("SELECT max(version) FROM {}.version").format(s))
+            ).fetchone()
+            current = (row[0] if row else None) or 0
+            if current > SCHEMA_VERSION:
+                raise StorageError(
+                    f"schema {self.schema} is at version {current}; "
+                    f"this engine knows up to {SCHEMA_VERSION}"
+                )
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version - 1].split(";"):
+                    await conn.execute(sql.SQL(statement).format(s=s))
+                await conn.execute(sql.SQL("DELETE FROM {}.version").format(s))
+                await conn.execute(
+                    sql.SQL("INSERT INTO {}.version VALUES (%s)").format(s), (version,)
+                )
+                log.info("migrated PostgreSQL schema %s to version %d", self.schema, version)
+
+    async def _listen(self, listening: asyncio.Event) -> None:
+        """Turn NOTIFYs into wake-ups; reconnect after errors (the wake is only a hint)."""
+        while not self._closed:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                async with conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    listening.set()
+                    self._wake()  # something may have committed while we were not listening
+                    async for _ in conn.notifies():
+                        self._wake()
+            except psycopg.Error as exc:
+                log.warning(
+                    "feed listener on %s failed (%s); polling until it is back", self.channel, exc
+                )
+                await asyncio.sleep(self._poll)  # a reconnect back-off, not a wait for a condition
+
+    def _wake(self) -> None:
+        news, self._news = self._news, asyncio.Event()
+        news.set()
+
+    async def _ready(self) -> AsyncConnectionPool[Any]:
+        if self._closed:
+            raise StorageError("this PostgreSQL storage is closed")
+        if self._pool is None:
+            await self.open()
+        assert self._pool is not None
+        return self._pool
+
+    async def _fetch(
+        self, name: str, params: Sequence[Any] | Mapping[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        pool = await self._ready()
+        try:
+            async with pool.connection() as conn:
+                cursor = await conn.execute(self._q[name], params, binary=True)
+                rows: list[tuple[Any, ...]] = await cursor.fetchall()
+                return rows
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, f"PostgreSQL read ({name}) failed") from exc
+
+    # ------------------------------------------------------------------ reads
+
+    async def get_events(
+        self, ids: Collection[EventId], *, ahead: int = 0
+    ) -> Mapping[EventId, AdmittedEvent]:
+        """Known events among ``ids`` plus up to ``ahead`` ancestors (one recursive query)."""
+        if not ids:
+            return {}
+        wanted = [bytes(i) for i in ids]
+        if ahead > 0:
+            rows = await self._fetch("ahead", {"ids": wanted, "n": len(wanted) + ahead})
+        else:
+            rows = await self._fetch("events", (wanted,))
+        return {e.id: e for e in map(_admitted, rows)}
+
+    async def event_stored(self, event_id: EventId) -> bool:
+        """Whether the event is stored."""
+        return bool(await self._fetch("stored", (bytes(event_id),)))
+
+    async def events_of(self, entity_id: EntityId) -> list[AdmittedEvent]:
+        """The entity's events, parents first (generation, then id)."""
+        return [_admitted(r) for r in await self._fetch("events_of", (bytes(entity_id),))]
+
+    async def get_state(self, entity_id: EntityId) -> EntityState | None:
+        """The stored state, or None."""
+        rows = await self._fetch("state", (bytes(entity_id),))
+        return _state(rows[0][0]) if rows else None
+
+    async def get_states(self, ids: Collection[EntityId]) -> dict[EntityId, EntityState]:
+        """The stored states among ``ids``."""
+        if not ids:
+            return {}
+        states = [_state(r[0]) for r in await self._fetch("states", ([bytes(i) for i in ids],))]
+        return {s.entity_id: s for s in states}
+
+    async def scan(self, collection: str) -> list[StoredState]:
+        """Every state of ``collection``, in entity id order."""
+        rows = await self._fetch("scan", (collection,))
+        return [StoredState(_state(st), decode_values(raw)) for st, raw in rows]
+
+    async def read_since(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:
+        """Feed rows after ``offset``, ascending, at most ``limit`` (never skipping one)."""
+        if limit <= 0:
+            return []
+        rows = await self._fetch("feed", (offset, limit))
+        return [FeedEntry(o, EntityId._trusted(e), c, _clock(h)) for o, e, c, h in rows]
+
+    async def last_offset(self) -> int:
+        """The newest committed offset."""
+        rows = await self._fetch("last", ())
+        return int(rows[0][0])
+
+    async def get_meta(self, key: str) -> bytes | None:
+        """A node-level record."""
+        rows = await self._fetch("meta", (key,))
+        return bytes(rows[0][0]) if rows else None
+
+    async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:
+        """Wait for a feed row beyond ``offset`` (NOTIFY wakes it early; polls otherwise)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            news = self._news  # taken before reading, so a wake in between is not missed
+            if await self.last_offset() > offset:
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                async with asyncio.timeout(min(remaining, self._poll)):
+                    await news.wait()
+            except TimeoutError:
+                pass
+
+    # ------------------------------------------------------------------ dump and load
+
+    async def dump(self) -> AsyncIterator[DumpRecord]:
+        """Meta records, then every entity in id order (keyset-paginated reads)."""
+        for key, value in await self._fetch("all_meta", ()):
+            yield MetaRecord(key, bytes(value))
+        after = b""
+        while rows := await self._fetch("entities", {"after": after, "n": 256}):
+            for (raw_id,) in rows:
+                entity_id = EntityId._trusted(raw_id)
+                events = await self.events_of(entity_id)
+                found = await self._fetch("stored_state", (bytes(entity_id),))
+                state = (
+                    StoredState(_state(found[0][0]), decode_values(found[0][1])) if found else None
+                )
+                for record in entity_records(entity_id, events, state):
+                    yield record
+            after = bytes(rows[-1][0])
+
+    async def load(self, records: AsyncIterable[DumpRecord]) -> int:
+        """Write a dump stream; returns how many events it held."""
+        return await load_records(self, records)
+
+    # ------------------------------------------------------------------ writes
+
+    async def write(self, batch: WriteBatch) -> WriteResult:
+        """Make ``batch`` durable in one transaction; raises StorageError, writing nothing."""
+        states = _state_rows(batch)  # encodes first: a bad state fails before any I/O
+        if not (batch.events or states or batch.meta):
+            await self._ready()
+            return WriteResult(frozenset(), ())
+        pool = await self._ready()
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                new = await self._insert_events(conn, batch.events)
+                offsets = await self._insert_states(conn, states)
+                await self._write_meta(conn, batch.meta)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, "PostgreSQL write failed") from exc
+        if offsets:
+            self._wake()
+        return WriteResult(new, offsets)
+
+    async def _insert_events(
+        self, conn: psycopg.AsyncConnection[Any], events: Sequence[AdmittedEvent]
+    ) -> frozenset[EventId]:
+        if not events:
+            return frozenset()
+        columns = (
+            [bytes(e.id) for e in events],
+            [bytes(e.entity_id) for e in events],
+            [e.generation for e in events],
+            [b"".join(e.parent.ids) for e in events],
+            [e.event.to_bytes() for e in events],
+        )
+        cursor = await conn.execute(self._q["insert_events"], columns)
+        return frozenset(EventId._trusted(r[0]) for r in await cursor.fetchall())
+
+    async def _insert_states(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        rows: list[tuple[bytes, str, bytes, bytes, str, bytes]],
+    ) -> tuple[int, ...]:
+        if not rows:
+            return ()
+        latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
+        columns = [list(c) for c in zip(*(r[:5] for r in latest.values()), strict=True)]
+        await conn.execute(self._q["upsert_states"], columns)
+        feed = {"e": [r[0] for r in rows], "c": [r[1] for r in rows], "h": [r[5] for r in rows]}
+        cursor = await conn.execute(self._q["append_feed"], {**feed, "channel": self.channel})
+        row = await cursor.fetchone()
+        assert row is not None
+        last = int(row[0])
+        return tuple(range(last - len(rows) + 1, last + 1))
+
+    async def _write_meta(
+        self, conn: psycopg.AsyncConnection[Any], meta: Sequence[tuple[str, bytes | None]]
+    ) -> None:
+        final = dict(meta)  # the last write of a key wins, as in every engine
+        puts = {k: v for k, v in final.items() if v is not None}
+        gone = [k for k, v in final.items() if v is None]
+        if puts:
+            await conn.execute(self._q["put_meta"], (list(puts), list(puts.values())))
+        if gone:
+            await conn.execute(self._q["delete_meta"], (gone,))
+
+    # ------------------------------------------------------------------ closing
+
+    async def close(self) -> None:
+        """Stop listening and close the pool; further use raises StorageError."""
+        self._closed = True
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+            self._listener = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+
+def _clock(head: bytes) -> Clock:
+    return Clock(EventId._trusted(head[i : i + 32]) for i in range(0, len(head), 32))
+
+
+def _state_rows(batch: WriteBatch) -> list[tuple[bytes, str, bytes, bytes, str, bytes]]:
+    """(entity, collection, state, values msgpack, values JSON, head) per state; raises
+    StorageError if a state cannot be stored."""
+    rows = []
+    for stored in batch.states:
+        state = stored.state
+        if not isinstance(state, EntityState):
+            raise StorageError("a write batch holds something that is not a state")
+        raw = encode_values(stored.values)
+        projection = json.dumps(_jsonable(stored.values), ensure_ascii=False, allow_nan=False)
+        head = b"".join(state.state.head.ids)
+        rows.append(
+            (bytes(state.entity_id), state.collection, state.to_bytes(), raw, projection, head)
+        )
+    return rows

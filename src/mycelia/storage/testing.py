@@ -1,0 +1,541 @@
+"""The storage conformance suite, as library code (ARCHITECTURE.md §6, STYLE.md §16).
+
+Every engine runs the same checks; so can a user's own engine::
+
+    await check_engine(fresh, reopen=reopen)
+
+``fresh()`` returns a new, opened, empty engine; ``reopen(engine)`` (durable engines only)
+closes ``engine`` and returns a new engine over the same data. Each check opens its own
+engine and closes it. :data:`CHECKS` names them one by one, so a test suite can run them
+as separate tests; :func:`check_engine` runs them all. A failed check raises
+AssertionError saying what the engine got wrong.
+
+What the checks pin (the contract of :mod:`mycelia.storage.engine`): idempotent adds (a
+re-added event is not new), events by id and by entity (parents first), ``get_state``
+is None for an unknown entity, atomic batches (a batch failing mid-way leaves nothing),
+feed offsets that strictly increase and never skip a committed batch (under concurrent
+writers too), the feed wake-up, meta round trips and deletion, read-ahead that returns
+only real ancestors, dump/load round trips, persistence across a reopen, and errors after
+``close``.
+
+:func:`agreement_machine` builds the differential hypothesis state machine
+(:class:`EngineAgreement`) that drives several engines in lockstep with random batches and
+checks they agree after every step. The module needs hypothesis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from mycelia.errors import StorageError
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId, State
+from mycelia.retrieval import StoredState, WriteBatch
+from mycelia.storage.engine import DumpRecord, EntityRecord, MetaRecord, StorageEngine
+
+__all__ = [
+    "CHECKS",
+    "Check",
+    "EngineAgreement",
+    "EngineSpec",
+    "History",
+    "agreement_machine",
+    "check_engine",
+    "engine_content",
+    "genesis",
+    "state_of",
+    "update",
+]
+
+T = TypeVar("T")
+Fresh = Callable[[], Awaitable[StorageEngine]]
+Reopen = Callable[[StorageEngine], Awaitable[StorageEngine]]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to get engines of one kind: fresh ones, and (if durable) a reopened one."""
+
+    name: str
+    fresh: Fresh
+    reopen: Reopen | None = None
+
+
+Check = Callable[[EngineSpec], Awaitable[None]]
+
+# ---------------------------------------------------------------- building blocks
+
+
+def genesis(collection: str = "items", n: int = 0) -> AdmittedEvent:
+    """A deterministic genesis (``n`` picks the nonce, so the entity)."""
+    event = Event.genesis(
+        collection=collection,
+        system=None,
+        operations={"lww": [b"genesis %d" % n]},
+        nonce=n.to_bytes(16, "big"),
+    )
+    return AdmittedEvent(event, 1)
+
+
+def update(parents: Sequence[AdmittedEvent], tag: bytes) -> AdmittedEvent:
+    """An update on ``parents`` (one entity), with its generation."""
+    first = parents[0]
+    event = Event.update(
+        entity_id=first.entity_id,
+        collection=first.collection,
+        parent=Clock(p.id for p in parents),
+        operations={"lww": [tag]},
+    )
+    return AdmittedEvent(event, 1 + max(p.generation for p in parents))
+
+
+def state_of(head: Sequence[AdmittedEvent], values: dict[str, object] | None = None) -> StoredState:
+    """A stored state whose head is ``head`` (events of one entity)."""
+    first = head[0]
+    state = State.of(
+        head={e.id: e.generation for e in head},
+        buffers={"lww": b"".join(sorted(e.id for e in head))},
+    )
+    return StoredState(EntityState(first.entity_id, first.collection, state), values or {})
+
+
+@dataclass(frozen=True)
+class History:
+    """One entity's small DAG: g; a, b on g; c on a; m on (c, b); plus a sibling s on g."""
+
+    g: AdmittedEvent
+    a: AdmittedEvent
+    b: AdmittedEvent
+    c: AdmittedEvent
+    m: AdmittedEvent
+    s: AdmittedEvent
+
+    @classmethod
+    def make(cls, collection: str = "items", n: int = 0) -> History:
+        """The DAG for entity number ``n`` of ``collection``."""
+        g = genesis(collection, n)
+        a, b, s = update([g], b"a"), update([g], b"b"), update([g], b"s")
+        c = update([a], b"c")
+        return cls(g, a, b, c, update([c, b], b"m"), s)
+
+    @property
+    def events(self) -> list[AdmittedEvent]:
+        """Every event, parents first (generation, then id)."""
+        every = [self.g, self.a, self.b, self.c, self.m, self.s]
+        return sorted(every, key=lambda e: (e.generation, e.id))
+
+    @property
+    def entity_id(self) -> EntityId:
+        """The entity's id."""
+        return self.g.entity_id
+
+
+def _key(event: AdmittedEvent) -> tuple[EventId, int, bytes]:
+    return event.id, event.generation, event.to_bytes()
+
+
+def _state_key(stored: StoredState | None) -> tuple[bytes, dict[str, object]] | None:
+    return None if stored is None else (stored.state.to_bytes(), dict(stored.values))
+
+
+async def engine_content(engine: StorageEngine) -> list[object]:
+    """Everything an engine holds, in a comparable form (dump, feed, last offset)."""
+    content: list[object] = []
+    async for record in engine.dump():
+        if isinstance(record, MetaRecord):
+            content.append(("meta", record.key, record.value))
+        else:
+            events = [_key(e) for e in record.events]
+            content.append(("entity", record.entity_id, events, _state_key(record.state)))
+    feed = await engine.read_since(0, limit=1 << 30)
+    content.append(("feed", [(f.offset, f.entity_id, f.collection, f.head) for f in feed]))
+    content.append(("last", await engine.last_offset()))
+    return content
+
+
+async def _with_engine(spec: EngineSpec, body: Callable[[StorageEngine], Awaitable[None]]) -> None:
+    engine = await spec.fresh()
+    try:
+        await body(engine)
+    finally:
+        await engine.close()
+
+
+# ---------------------------------------------------------------- the checks
+
+
+async def check_idempotent_add(spec: EngineSpec) -> None:
+    """Re-adding an event reports it as not new; a partly known batch reports the rest."""
+
+    async def body(engine: StorageEngine) -> None:
+        h = History.make()
+        first = await engine.write(WriteBatch(events=(h.g, h.a, h.a)))
+        assert first.new_events == {h.g.id, h.a.id}, f"{spec.name}: first add not all new"
+        again = await engine.write(WriteBatch(events=(h.g, h.a)))
+        assert again.new_events == frozenset(), f"{spec.name}: re-added events reported new"
+        mixed = await engine.write(WriteBatch(events=(h.a, h.b, h.c)))
+        assert mixed.new_events == {h.b.id, h.c.id}, f"{spec.name}: wrong new set"
+        assert first.offsets == again.offsets == (), f"{spec.name}: no state, no feed row"
+
+    await _with_engine(spec, body)
+
+
+async def check_events_by_id_and_entity(spec: EngineSpec) -> None:
+    """Events come back byte-identical with their generation, by id and parents first."""
+
+    async def body(engine: StorageEngine) -> None:
+        h, other = History.make(n=1), History.make("others", n=2)
+        await engine.write(WriteBatch(events=(*reversed(h.events), other.g)))
+        unknown = genesis(n=99).id
+        found = await engine.get_events([h.m.id, h.g.id, unknown])
+        assert set(found) == {h.m.id, h.g.id}, f"{spec.name}: wrong ids found"
+        assert _key(found[h.m.id]) == _key(h.m), f"{spec.name}: event changed in storage"
+        assert await engine.event_stored(h.c.id), f"{spec.name}: stored event not stored"
+        assert not await engine.event_stored(unknown), f"{spec.name}: unknown event stored"
+        got = [_key(e) for e in await engine.events_of(h.entity_id)]
+        assert got == [_key(e) for e in h.events], f"{spec.name}: events_of not parents first"
+        assert await engine.events_of(genesis(n=98).entity_id) == [], f"{spec.name}: unknown"
+        assert await engine.get_state(h.entity_id) is None, f"{spec.name}: state from nowhere"
+
+    await _with_engine(spec, body)
+
+
+async def check_states(spec: EngineSpec) -> None:
+    """States round trip with their values; unknown ones are None; scan is per collection."""
+
+    async def body(engine: StorageEngine) -> None:
+        h, other = History.make(n=1), History.make("others", n=2)
+        values = {"n": 2**62, "s": "é\0x", "b": b"\0", "f": -1.5, "z": None, "j": {"k": [1.0]}}
+        first = (state_of([h.a], {"n": 1}), state_of([other.g]))
+        await engine.write(WriteBatch((*h.events,), first))
+        # Values arrive as any mapping (the applier hands over read-only views).
+        view = StoredState(state_of([h.m, h.s]).state, MappingProxyType(values))
+        await engine.write(WriteBatch((other.g,), (view,)))
+        got = await engine.get_state(h.entity_id)
+        assert got == state_of([h.m, h.s]).state, f"{spec.name}: state did not round trip"
+        assert await engine.get_state(genesis(n=97).entity_id) is None, f"{spec.name}: unknown"
+        states = await engine.get_states([h.entity_id, genesis(n=97).entity_id])
+        assert set(states) == {h.entity_id}, f"{spec.name}: get_states"
+        scanned = [_state_key(s) for s in await engine.scan("items")]
+        assert scanned == [_state_key(view)], f"{spec.name}: scan of items: {scanned}"
+        assert [s.state.entity_id for s in await engine.scan("others")] == [other.entity_id]
+        assert await engine.scan("nothing") == [], f"{spec.name}: scan of an empty collection"
+
+    await _with_engine(spec, body)
+
+
+async def check_atomic_batches(spec: EngineSpec) -> None:
+    """A batch that fails mid-way leaves nothing; the engine keeps working afterwards."""
+
+    async def body(engine: StorageEngine) -> None:
+        h = History.make()
+        await engine.write(WriteBatch((h.g,), (state_of([h.g]),), (("kept", b"1"),)))
+        before = await engine_content(engine)
+        bad_values = state_of([h.a], {"x": object()})
+        not_a_state = StoredState(object(), {})  # type: ignore[arg-type]
+        for bad in (bad_values, not_a_state):
+            batch = WriteBatch((h.a, h.b), (state_of([h.a]), bad), (("lost", b"1"),))
+            try:
+                await engine.write(batch)
+            except StorageError:
+                pass
+            else:
+                raise AssertionError(f"{spec.name}: a batch with a bad state was accepted")
+            after = await engine_content(engine)
+            assert after == before, f"{spec.name}: a failed batch left something behind"
+        result = await engine.write(WriteBatch((h.a,), (state_of([h.a]),)))
+        assert result.new_events == {h.a.id}, f"{spec.name}: engine broken after a failure"
+        assert result.offsets == (2,), f"{spec.name}: a failed batch consumed offsets"
+
+    await _with_engine(spec, body)
+
+
+async def check_feed(spec: EngineSpec) -> None:
+    """Offsets: one per state, strictly increasing, never skipped, even when concurrent."""
+
+    async def body(engine: StorageEngine) -> None:
+        assert await engine.last_offset() == 0, f"{spec.name}: a fresh feed is empty"
+        assert await engine.read_since(0) == [], f"{spec.name}: a fresh feed is empty"
+        histories = [History.make(n=i) for i in range(24)]
+        first = await engine.write(WriteBatch((histories[0].g,), (state_of([histories[0].g]),) * 2))
+        assert first.offsets == (1, 2), f"{spec.name}: offsets of the first batch"
+        results = await asyncio.gather(
+            *(engine.write(WriteBatch((h.g,), (state_of([h.g]),))) for h in histories[1:])
+        )
+        offsets = sorted(o for r in results for o in r.offsets)
+        assert offsets == list(range(3, 3 + len(histories) - 1)), f"{spec.name}: {offsets}"
+        rows = await engine.read_since(0, limit=1 << 20)
+        assert [r.offset for r in rows] == list(range(1, len(histories) + 2)), spec.name
+        by_offset = {o: h for h, r in zip(histories[1:], results, strict=True) for o in r.offsets}
+        for row in rows[2:]:
+            h = by_offset[row.offset]
+            assert (row.entity_id, row.collection, row.head) == (
+                h.entity_id,
+                "items",
+                Clock([h.g.id]),
+            )
+        page = await engine.read_since(5, limit=3)
+        assert [r.offset for r in page] == [6, 7, 8], f"{spec.name}: read_since pagination"
+        assert await engine.last_offset() == len(histories) + 1, f"{spec.name}: last_offset"
+        assert await engine.read_since(len(histories) + 1) == [], f"{spec.name}: past the end"
+
+    await _with_engine(spec, body)
+
+
+async def check_wait_for_feed(spec: EngineSpec) -> None:
+    """``wait_for_feed`` returns at once with news, wakes on a write, times out without."""
+
+    async def body(engine: StorageEngine) -> None:
+        h = History.make()
+        assert not await engine.wait_for_feed(0, timeout=0.05), f"{spec.name}: news from nowhere"
+        waiting = asyncio.ensure_future(engine.wait_for_feed(0, timeout=30))
+        done, _ = await asyncio.wait([waiting], timeout=0.05)  # it is waiting, not done
+        assert not done, f"{spec.name}: wait_for_feed returned with nothing new"
+        await engine.write(WriteBatch((h.g,), (state_of([h.g]),)))
+        async with asyncio.timeout(10):
+            assert await waiting, f"{spec.name}: the waiter saw no news"
+        assert await engine.wait_for_feed(0, timeout=0), f"{spec.name}: news not reported"
+
+    await _with_engine(spec, body)
+
+
+async def check_meta(spec: EngineSpec) -> None:
+    """Meta records round trip, are overwritten, deleted by None, atomic with a batch."""
+
+    async def body(engine: StorageEngine) -> None:
+        assert await engine.get_meta("root") is None, f"{spec.name}: meta from nowhere"
+        await engine.write(WriteBatch(meta=(("root", b"\x00" * 32), ("k", b"1"))))
+        await engine.write(WriteBatch(meta=(("k", b"2"), ("gone", b"x"), ("gone", None))))
+        assert await engine.get_meta("root") == b"\x00" * 32, f"{spec.name}: meta round trip"
+        assert await engine.get_meta("k") == b"2", f"{spec.name}: meta not overwritten"
+        assert await engine.get_meta("gone") is None, f"{spec.name}: None did not delete"
+        await engine.write(WriteBatch(meta=(("root", None),)))
+        assert await engine.get_meta("root") is None, f"{spec.name}: meta not deleted"
+
+    await _with_engine(spec, body)
+
+
+async def check_read_ahead(spec: EngineSpec) -> None:
+    """Read-ahead adds only real ancestors, at most ``ahead`` of them."""
+
+    async def body(engine: StorageEngine) -> None:
+        h = History.make()
+        chain = [h.m]
+        for i in range(30):
+            chain.append(update([chain[-1]], b"%d" % i))
+        await engine.write(WriteBatch((*h.events, *chain[1:])))
+        tip = chain[-1]
+        every = {e.id for e in (*h.events, *chain)}
+        ancestors = every - {tip.id, h.s.id}
+        for ahead in (0, 1, 5, 1000):
+            found = await engine.get_events([tip.id], ahead=ahead)
+            assert tip.id in found, f"{spec.name}: asked id missing with ahead={ahead}"
+            extra = set(found) - {tip.id}
+            assert extra <= ancestors, f"{spec.name}: non-ancestors read ahead: {extra}"
+            assert len(extra) <= ahead, f"{spec.name}: more than ahead={ahead} read ahead"
+            for eid, event in found.items():
+                assert event.id == eid, f"{spec.name}: read-ahead mislabelled an event"
+        assert len(await engine.get_events([tip.id], ahead=1000)) == len(ancestors) + 1
+
+    await _with_engine(spec, body)
+
+
+async def check_dump_load(spec: EngineSpec) -> None:
+    """``dump`` streams everything; ``load`` of that stream into a fresh engine agrees."""
+
+    async def body(engine: StorageEngine) -> None:
+        histories = [History.make("items" if i % 2 else "others", n=i) for i in range(5)]
+        for h in histories:
+            await engine.write(WriteBatch(tuple(h.events), (state_of([h.m, h.s], {"i": 1}),)))
+        await engine.write(WriteBatch(meta=(("root", b"r"),)))
+        records: list[DumpRecord] = [r async for r in engine.dump()]
+        assert isinstance(records[0], MetaRecord), f"{spec.name}: meta comes first"
+        ids = [r.entity_id for r in records if isinstance(r, EntityRecord)]
+        assert ids == sorted(h.entity_id for h in histories), f"{spec.name}: entity order"
+        target = await spec.fresh()
+        try:
+            assert await target.load(_aiter(records)) == 6 * len(histories)
+            theirs, ours = await engine_content(target), await engine_content(engine)
+            assert theirs[:-2] == ours[:-2], f"{spec.name}: load did not reproduce the dump"
+        finally:
+            await target.close()
+
+    await _with_engine(spec, body)
+
+
+async def check_reopen(spec: EngineSpec) -> None:
+    """A reopened durable engine holds everything, and its feed continues."""
+    if spec.reopen is None:
+        return
+    engine = await spec.fresh()
+    try:
+        h = History.make()
+        await engine.write(WriteBatch(tuple(h.events), (state_of([h.m, h.s], {"v": "x"}),)))
+        await engine.write(WriteBatch(meta=(("root", b"r"),)))
+        before = await engine_content(engine)
+        engine = await spec.reopen(engine)
+        assert await engine_content(engine) == before, f"{spec.name}: reopen lost something"
+        result = await engine.write(WriteBatch((), (state_of([h.m]),)))
+        assert result.offsets == (2,), f"{spec.name}: the feed did not continue after reopen"
+    finally:
+        await engine.close()
+
+
+async def check_closed(spec: EngineSpec) -> None:
+    """Using a closed engine raises StorageError; closing twice is harmless."""
+    engine = await spec.fresh()
+    await engine.close()
+    await engine.close()
+    for use in (
+        engine.get_state(genesis().entity_id),
+        engine.write(WriteBatch(meta=(("k", b""),))),
+    ):
+        try:
+            await use
+        except StorageError:
+            continue
+        raise AssertionError(f"{spec.name}: a closed engine still answered")
+
+
+async def _aiter(items: Sequence[T]) -> Any:
+    for item in items:
+        yield item
+
+
+CHECKS: dict[str, Check] = {
+    "idempotent_add": check_idempotent_add,
+    "events_by_id_and_entity": check_events_by_id_and_entity,
+    "states": check_states,
+    "atomic_batches": check_atomic_batches,
+    "feed": check_feed,
+    "wait_for_feed": check_wait_for_feed,
+    "meta": check_meta,
+    "read_ahead": check_read_ahead,
+    "dump_load": check_dump_load,
+    "reopen": check_reopen,
+    "closed": check_closed,
+}
+"""Every check by name, in the order :func:`check_engine` runs them."""
+
+
+async def check_engine(fresh: Fresh, *, reopen: Reopen | None = None, name: str = "engine") -> None:
+    """Run every check of :data:`CHECKS` on engines from ``fresh`` (and ``reopen``)."""
+    spec = EngineSpec(name, fresh, reopen)
+    for check in CHECKS.values():
+        await check(spec)
+
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=4)
+    | st.binary(max_size=4)
+)
+_VALUES = st.dictionaries(
+    st.sampled_from(["a", "b", "c"]),
+    st.recursive(
+        _SCALARS,
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+        ),
+        max_leaves=6,
+    ),
+    max_size=3,
+)
+_COLLECTIONS = st.sampled_from(["items", "others"])
+
+
+class EngineAgreement(RuleBasedStateMachine):
+    """Drives the engines of ``specs`` in lockstep; they must agree after every step.
+
+    Rules write random batches (new entities, updates on any events, re-sent events,
+    states with random values, meta records, batches that must fail) to every engine and
+    reopen the durable ones; every write must have the same outcome everywhere and all
+    engines must hold the same content (:func:`engine_content`). Build a concrete machine
+    with :func:`agreement_machine`.
+    """
+
+    specs: ClassVar[tuple[EngineSpec, ...]] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.engines: list[StorageEngine] = [self.run(spec.fresh()) for spec in self.specs]
+        self.events: dict[EntityId, list[AdmittedEvent]] = {}
+        self.made = 0
+
+    def run(self, work: Awaitable[T]) -> T:
+        """Run ``work`` on the machine's own event loop."""
+        return self.loop.run_until_complete(work)
+
+    def write_all(self, batch: WriteBatch) -> None:
+        """Write ``batch`` to every engine; the outcomes must be identical."""
+        outcomes: list[object] = []
+        for engine in self.engines:
+            try:
+                result = self.run(engine.write(batch))
+                outcomes.append((result.new_events, result.offsets))
+            except StorageError:
+                outcomes.append("failed")
+        assert all(o == outcomes[0] for o in outcomes), f"write outcomes differ: {outcomes}"
+
+    @rule(collection=_COLLECTIONS, states=st.integers(0, 1), values=_VALUES)
+    def create(self, collection: str, states: int, values: dict[str, object]) -> None:
+        self.made += 1
+        g = genesis(collection, self.made)
+        self.events[g.entity_id] = [g]
+        self.write_all(WriteBatch((g,), (state_of([g], values),) * states))
+
+    @precondition(lambda self: bool(self.events))
+    @rule(data=st.data(), values=_VALUES, resend=st.integers(0, 3))
+    def extend(self, data: st.DataObject, values: dict[str, object], resend: int) -> None:
+        known = self.events[data.draw(st.sampled_from(sorted(self.events)))]
+        parents = data.draw(st.lists(st.sampled_from(known), min_size=1, max_size=2))
+        self.made += 1
+        event = update(parents, b"%d" % self.made)
+        old = data.draw(st.lists(st.sampled_from(known), max_size=resend))
+        known.append(event)
+        heads = data.draw(st.lists(st.sampled_from(known), min_size=1, max_size=2))
+        self.write_all(WriteBatch((*old, event), (state_of(heads, values),)))
+
+    @rule(key=st.sampled_from(["k1", "k2"]), value=st.none() | st.binary(max_size=4))
+    def meta(self, key: str, value: bytes | None) -> None:
+        self.write_all(WriteBatch(meta=((key, value),)))
+
+    @rule(collection=_COLLECTIONS)
+    def failing_batch(self, collection: str) -> None:
+        g = genesis(collection, 10**9)
+        bad = state_of([g], {"x": object()})
+        self.write_all(WriteBatch((g,), (state_of([g]), bad), (("k1", b"lost"),)))
+
+    @precondition(lambda self: any(s.reopen for s in self.specs))
+    @rule()
+    def reopen(self) -> None:
+        for i, spec in enumerate(self.specs):
+            if spec.reopen is not None:
+                self.engines[i] = self.run(spec.reopen(self.engines[i]))
+
+    @invariant()
+    def engines_agree(self) -> None:
+        contents = [self.run(engine_content(engine)) for engine in self.engines]
+        for spec, content in zip(self.specs[1:], contents[1:], strict=True):
+            assert content == contents[0], f"{spec.name} disagrees with {self.specs[0].name}"
+
+    def teardown(self) -> None:
+        for engine in self.engines:
+            self.run(engine.close())
+        self.loop.close()
+
+
+def agreement_machine(specs: Sequence[EngineSpec]) -> type[EngineAgreement]:
+    """An :class:`EngineAgreement` driving ``specs`` (run it with hypothesis's
+    ``run_state_machine_as_test``, or take its ``TestCase``)."""
+    return type("EngineAgreement", (EngineAgreement,), {"specs": tuple(specs)})

@@ -1,0 +1,133 @@
+"""LmdbStorage beyond the shared suite: group commit, map growth, typed open errors."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from mycelia.errors import StorageCorrupt, StorageError, StorageLocked, StorageReadOnly
+from mycelia.retrieval import WriteBatch
+from mycelia.storage.lmdb import LARGE_READ, LmdbStorage
+from mycelia.storage.testing import History, genesis, state_of, update
+
+
+def txn_count(storage: LmdbStorage) -> int:
+    return int(storage._env.info()["last_txnid"])
+
+
+async def test_concurrent_writes_share_transactions_and_syncs(tmp_path: Path) -> None:
+    storage = LmdbStorage(tmp_path / "s")
+    try:
+        before = txn_count(storage)
+        histories = [History.make(n=i) for i in range(64)]
+        results = await asyncio.gather(
+            *(storage.write(WriteBatch((h.g,), (state_of([h.g]),))) for h in histories)
+        )
+        assert sorted(o for r in results for o in r.offsets) == list(range(1, 65))
+        assert txn_count(storage) - before < 64  # grouped: fewer commits than writes
+    finally:
+        await storage.close()
+
+
+async def test_a_failing_batch_does_not_take_its_group_down(tmp_path: Path) -> None:
+    storage = LmdbStorage(tmp_path / "s", durable=False)
+    try:
+        histories = [History.make(n=i) for i in range(10)]
+        good = [storage.write(WriteBatch((h.g,), (state_of([h.g]),))) for h in histories]
+        too_long = "k" * 600  # beyond LMDB's key size: fails inside the write transaction
+        bad = storage.write(WriteBatch((genesis(n=99),), (), ((too_long, b"x"),)))
+        outcomes = await asyncio.gather(*good[:5], bad, *good[5:], return_exceptions=True)
+        assert isinstance(outcomes[5], StorageError)
+        assert sorted(
+            o for r in outcomes if not isinstance(r, BaseException) for o in r.offsets
+        ) == list(range(1, 11))
+        assert not await storage.event_stored(genesis(n=99).id)  # the bad batch left nothing
+        assert all([await storage.event_stored(h.g.id) for h in histories])
+    finally:
+        await storage.close()
+
+
+async def test_the_map_grows_instead_of_filling_up(tmp_path: Path) -> None:
+    storage = LmdbStorage(tmp_path / "s", durable=False, map_size=64 * 1024)
+    try:
+        chain = [genesis()]
+        for i in range(LARGE_READ + 500):
+            chain.append(update([chain[-1]], b"x" * 200 + b"%d" % i))
+        for start in range(0, len(chain), 700):
+            await storage.write(WriteBatch(tuple(chain[start : start + 700])))
+        assert storage._env.info()["map_size"] > 64 * 1024
+        # A long history is read in a worker thread, parents first all the same.
+        assert [e.id for e in await storage.events_of(chain[0].entity_id)] == [e.id for e in chain]
+    finally:
+        await storage.close()
+
+
+async def test_a_second_opener_gets_storage_locked(tmp_path: Path) -> None:
+    first = LmdbStorage(tmp_path / "s")
+    try:
+        with pytest.raises(StorageLocked):
+            LmdbStorage(tmp_path / "s")
+        with pytest.raises(StorageLocked):
+            LmdbStorage(tmp_path / "s", readonly=True)
+    finally:
+        await first.close()
+    again = LmdbStorage(tmp_path / "s")  # closing released the lock
+    await again.close()
+
+
+async def test_a_read_only_store_reads_and_refuses_writes(tmp_path: Path) -> None:
+    h = History.make()
+    storage = LmdbStorage(tmp_path / "s")
+    await storage.write(WriteBatch(tuple(h.events), (state_of([h.m]),)))
+    await storage.close()
+    reader = LmdbStorage(tmp_path / "s", readonly=True)
+    try:
+        assert await reader.get_state(h.entity_id) == state_of([h.m]).state
+        assert await reader.last_offset() == 1
+        with pytest.raises(StorageReadOnly):
+            await reader.write(WriteBatch(meta=(("k", b"v"),)))
+    finally:
+        await reader.close()
+    with pytest.raises(StorageError):
+        LmdbStorage(tmp_path / "never-created", readonly=True)
+
+
+async def test_a_file_that_is_not_a_store_is_reported_corrupt(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "data.mdb").write_bytes(b"not an lmdb file" * 1000)
+    with pytest.raises(StorageCorrupt):
+        LmdbStorage(tmp_path / "s")
+
+
+async def test_another_layout_version_is_refused(tmp_path: Path) -> None:
+    await LmdbStorage(tmp_path / "s").close()
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.put(b"format", b"999", db=env.open_db(b"engine", txn=txn))
+    env.close()
+    with pytest.raises(StorageCorrupt, match="layout version"):
+        LmdbStorage(tmp_path / "s")
+
+
+async def test_a_damaged_event_is_reported_corrupt_not_returned(tmp_path: Path) -> None:
+    h = History.make()
+    storage = LmdbStorage(tmp_path / "s")
+    await storage.write(WriteBatch(tuple(h.events)))
+    await storage.close()
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"events", txn=txn)
+        value = txn.get(h.c.id, db=db)
+        assert value is not None
+        txn.put(h.c.id, value[:-1] + bytes([value[-1] ^ 1]), db=db)
+    env.close()
+    storage = LmdbStorage(tmp_path / "s")
+    try:
+        with pytest.raises(StorageCorrupt):
+            await storage.get_events([h.c.id])
+        assert h.g.id in await storage.get_events([h.g.id])
+    finally:
+        await storage.close()

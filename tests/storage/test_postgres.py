@@ -1,0 +1,158 @@
+"""PostgresStorage beyond the shared suite: several processes, the feed, migrations."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from mycelia import Node
+from mycelia.errors import StorageError
+from mycelia.proto import EntityId
+from mycelia.retrieval import WriteBatch
+from mycelia.storage.postgres import SCHEMA_VERSION, PostgresStorage
+from mycelia.storage.testing import History, state_of
+from tests.storage.conftest import PostgresSchemas
+from tests.storage.crash_child import Counter
+from tests.storage.test_crash import REPO
+
+pytestmark = pytest.mark.postgres
+
+COMMIT_ONE = """
+import asyncio, sys
+from mycelia import Node
+from mycelia.storage.postgres import PostgresStorage
+from tests.storage.crash_child import Counter
+
+async def main():
+    node = await Node.open(PostgresStorage(sys.argv[1], schema=sys.argv[2]), durable=True)
+    async with node.context().transaction() as trx:
+        print(trx.create(Counter, worker=1, n=42).id, flush=True)
+    await node.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_commit_in_another_process_is_visible_and_wakes_the_feed(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    schema = pg_schemas.new_schema()
+    # A poll interval far beyond the wait: only the NOTIFY can wake this reader in time.
+    storage = await PostgresStorage(pg_schemas.dsn, schema=schema, poll_interval=600).open()
+    node = await Node.open(storage, durable=True)
+    await node.create_system()
+    offset = await storage.last_offset()
+    try:
+        waiting = asyncio.ensure_future(storage.wait_for_feed(offset, timeout=60))
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", COMMIT_ONE, pg_schemas.dsn, schema,
+            cwd=REPO, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(child.communicate(), 60)
+        assert child.returncode == 0
+        assert await asyncio.wait_for(waiting, 30)  # woken long before any poll
+        entity = EntityId.from_base64(out.decode().strip())
+        assert (await node.context().get(Counter, entity)).n == 42
+        rows = await storage.read_since(offset)
+        assert [r.entity_id for r in rows] == [entity]
+    finally:
+        await node.close()
+
+
+async def test_without_notify_the_feed_is_still_seen_by_polling(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    schema = pg_schemas.new_schema()
+    writer = await PostgresStorage(pg_schemas.dsn, schema=schema).open()
+    reader = await PostgresStorage(
+        pg_schemas.dsn, schema=schema, listen=False, poll_interval=0.05
+    ).open()
+    try:
+        waiting = asyncio.ensure_future(reader.wait_for_feed(0, timeout=30))
+        h = History.make()
+        await writer.write(WriteBatch((h.g,), (state_of([h.g]),)))
+        assert await asyncio.wait_for(waiting, 30)
+    finally:
+        await writer.close()
+        await reader.close()
+
+
+async def test_concurrent_writers_in_two_engines_never_make_a_reader_skip(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    schema = pg_schemas.new_schema()
+    engines = [
+        await PostgresStorage(pg_schemas.dsn, schema=schema, max_connections=6).open()
+        for _ in range(3)
+    ]
+    total = 120
+    histories = [History.make(n=i) for i in range(total)]
+    seen: list[int] = []
+    done = asyncio.Event()
+
+    async def read_continuously() -> None:
+        while len(seen) < total:
+            rows = await engines[2].read_since(seen[-1] if seen else 0)
+            offsets = [r.offset for r in rows]
+            start = seen[-1] + 1 if seen else 1
+            assert offsets == list(range(start, start + len(offsets))), "the reader skipped"
+            seen.extend(offsets)
+            if not rows:
+                await engines[2].wait_for_feed(start - 1, timeout=5)
+        done.set()
+
+    reader = asyncio.ensure_future(read_continuously())
+    try:
+        writes = [
+            engines[i % 2].write(WriteBatch((h.g,), (state_of([h.g]),)))
+            for i, h in enumerate(histories)
+        ]
+        results = await asyncio.gather(*writes)
+        assert sorted(o for r in results for o in r.offsets) == list(range(1, total + 1))
+        await asyncio.wait_for(done.wait(), 30)
+        await reader
+    finally:
+        reader.cancel()
+        for engine in engines:
+            await engine.close()
+
+
+async def test_engines_opening_together_migrate_once(pg_schemas: PostgresSchemas) -> None:
+    schema = pg_schemas.new_schema()
+    engines = await asyncio.gather(
+        *(PostgresStorage(pg_schemas.dsn, schema=schema).open() for _ in range(6))
+    )
+    for engine in engines:
+        await engine.close()
+    with psycopg.connect(pg_schemas.dsn) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT version FROM {}.version").format(sql.Identifier(schema))
+        ).fetchall()
+        assert rows == [(SCHEMA_VERSION,)]
+        conn.execute(sql.SQL("UPDATE {}.version SET version = 99").format(sql.Identifier(schema)))
+    with pytest.raises(StorageError, match="version 99"):
+        await PostgresStorage(pg_schemas.dsn, schema=schema).open()
+
+
+async def test_an_unopened_engine_opens_on_first_use(pg_schemas: PostgresSchemas) -> None:
+    storage = PostgresStorage(pg_schemas.dsn, schema=pg_schemas.new_schema())
+    node = await Node.open(storage, durable=True)
+    try:
+        root = await node.create_system()
+        assert await storage.get_meta("system_root") == bytes(root)
+    finally:
+        await node.close()
+    with pytest.raises(StorageError):
+        await storage.get_meta("system_root")
+
+
+async def test_bad_schema_names_and_unreachable_servers_are_typed_errors() -> None:
+    with pytest.raises(StorageError):
+        PostgresStorage("postgresql://127.0.0.1:1/x", schema="Robert'); DROP TABLE x;--")
+    unreachable = PostgresStorage("postgresql://127.0.0.1:1/x", connect_timeout=1)
+    with pytest.raises(StorageError):
+        await unreachable.open()
