@@ -12,12 +12,14 @@ import pytest
 
 import mycelia
 from mycelia import Model, Node
+from mycelia.cli.main import build_parser
 from mycelia.storage import MemoryStorage
 
 CLIENT = """
 import asyncio, sys
 import mycelia
 from mycelia import Model, Node
+from mycelia.cli.main import build_parser
 from mycelia.storage import MemoryStorage
 
 class Album(Model, collection="albums"):
@@ -101,8 +103,6 @@ async def test_clients_in_other_processes_sync_through_a_served_lmdb_node(tmp_pa
 
 
 def test_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    from mycelia.cli.main import build_parser
-
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     text = capsys.readouterr().out
