@@ -10,15 +10,18 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import IO
 
 from mycelia.errors import MyceliaError
 from mycelia.node import Node
 from mycelia.node.server import serve
 from mycelia.storage import StorageEngine
+from mycelia.storage.dump import DumpProgress, dump_to, load_from
 
 __all__ = ["build_parser", "main", "run"]
 
@@ -78,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         "dump",
         help="write a store's events and states to a portable file",
         description="Stream every entity (events parents first, then its state) to OUT "
-        "(stdout when '-'), with a progress bar on stderr.",
+        "(stdout when '-'), with a progress bar on stderr. Stop 'mycelia serve' first: an "
+        "LMDB store is open in one process at a time.",
     )
     _storage_flags(dump_cmd)
     dump_cmd.add_argument("out", nargs="?", default="-", help="output file ('-': stdout)")
@@ -87,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
         "load",
         help="load a portable dump into a store",
         description="Read a dump written by 'mycelia dump' into a store, verifying every "
-        "event id (recomputed from the event's bytes).",
+        "event id (recomputed from the event's bytes). The store must not be open in a "
+        "running 'mycelia serve' (LMDB refuses a second opener).",
     )
     load_cmd.add_argument("file", help="the dump file ('-': stdin)")
     _storage_flags(load_cmd)
@@ -107,7 +112,7 @@ async def open_storage(data: str, postgres: str | None) -> StorageEngine:
         return await PostgresStorage(postgres).open()
     from mycelia.storage.lmdb import LmdbStorage  # noqa: PLC0415 - keeps --help fast
 
-    Path(data).mkdir(parents=True, exist_ok=True)
+    Path(data).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, at start-up
     return LmdbStorage(data)
 
 
@@ -119,7 +124,7 @@ async def serve_command(args: argparse.Namespace) -> int:
     server = await serve(
         node, args.host, args.port, compression="deflate" if args.deflate else None
     )
-    where = args.postgres or str(Path(args.data).resolve())
+    where = args.postgres or os.path.abspath(args.data)  # noqa: ASYNC240 - start-up
     log.info(
         "node %s (system %s) serving ws://%s:%d from %s",
         node.node_id,
@@ -169,54 +174,57 @@ async def inspect_command(args: argparse.Namespace) -> int:
 
 async def dump_command(args: argparse.Namespace) -> int:
     """``mycelia dump``: stream a store to a file."""
-    from mycelia.storage.dump import dump_to  # noqa: PLC0415
-
     storage = await open_storage(args.data, args.postgres)
     try:
         with _output(args.out) as out:
-            count = await dump_to(storage, out, progress=_progress("dumped"))
+            done = await dump_to(storage, out, progress=_progress("dumped"))
     finally:
         await storage.close()
-    print(f"\ndumped {count} entities", file=sys.stderr)
+    print(f"\ndumped {done.entities} entities, {done.events} events", file=sys.stderr)
     return 0
 
 
 async def load_command(args: argparse.Namespace) -> int:
     """``mycelia load``: load a dump into a store."""
-    from mycelia.storage.dump import load_from  # noqa: PLC0415
-
     storage = await open_storage(args.data, args.postgres)
     try:
         with _input(args.file) as source:
-            count = await load_from(source, storage, progress=_progress("loaded"))
+            done = await load_from(source, storage, progress=_progress("loaded"))
     finally:
         await storage.close()
-    print(f"\nloaded {count} entities", file=sys.stderr)
+    print(f"\nloaded {done.entities} entities, {done.events} events", file=sys.stderr)
     return 0
 
 
 @contextlib.contextmanager
-def _output(name: str):  # type: ignore[no-untyped-def]
+def _output(name: str) -> Iterator[IO[bytes]]:
     if name == "-":
         yield sys.stdout.buffer
     else:
-        with open(name, "wb") as f:  # noqa: PTH123
+        with open(name, "wb") as f:
             yield f
 
 
 @contextlib.contextmanager
-def _input(name: str):  # type: ignore[no-untyped-def]
+def _input(name: str) -> Iterator[IO[bytes]]:
     if name == "-":
         yield sys.stdin.buffer
     else:
-        with open(name, "rb") as f:  # noqa: PTH123
+        with open(name, "rb") as f:
             yield f
 
 
-def _progress(verb: str):  # type: ignore[no-untyped-def]
-    def report(done: int, total: int | None = None) -> None:
-        suffix = f"/{total}" if total else ""
-        print(f"\r{verb} {done}{suffix} entities", end="", file=sys.stderr, flush=True)
+def _progress(verb: str) -> Callable[[DumpProgress], None]:
+    """A one-line progress bar on stderr (entities, events, bytes)."""
+
+    def report(done: DumpProgress) -> None:
+        size = f", {done.size / 1e6:.1f} MB" if done.size else ""
+        print(
+            f"\r{verb} {done.entities} entities, {done.events} events{size}",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
 
     return report
 
