@@ -56,11 +56,20 @@ def test_inspect_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_a_tampered_dump_is_refused_with_a_typed_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    asyncio.run(fill(tmp_path / "a", 5))
+    ids = asyncio.run(fill(tmp_path / "a", 5))
+
+    async def event_bytes() -> bytes:
+        storage = LmdbStorage(tmp_path / "a")
+        (genesis,) = await storage.events_of(ids[2])
+        await storage.close()
+        return genesis.to_bytes()
+
+    original = asyncio.run(event_bytes())
     dump = tmp_path / "a.dump"
     assert main(["dump", str(tmp_path / "a"), str(dump)]) == 0
-    data = bytearray(dump.read_bytes())
-    data[len(data) // 2] ^= 0x55
-    dump.write_bytes(bytes(data))
+    data = dump.read_bytes()
+    at = data.index(original) + len(original) - 1  # the last byte of a note's value
+    forged = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
+    dump.write_bytes(forged)
     assert main(["load", str(dump), str(tmp_path / "b")]) == 1
     assert any("Error" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")

@@ -20,6 +20,8 @@ Invariants of :func:`load_from`:
   generation is recomputed from the parents when they are in the dump (a generation is
   taken from the file only for an event whose parents the dump does not hold, which only
   a dump of an ephemeral node contains);
+- a state's head must name events the dump holds for that entity (when it holds any), so a
+  damaged event cannot load next to a state that still names the original;
 - a state is written no earlier than its entity's events, so a load that stops part-way
   (bad record, crash) leaves a consistent store, and re-running it is harmless;
 - bad input raises :class:`~mycelia.errors.DecodeError` (``IdMismatch``, ``InvalidEvent``),
@@ -198,6 +200,11 @@ class _Reader:
         decoded = EntityState.from_bytes(expect_bytes(state, "state"), limits=STORED_LIMITS)
         if decoded.entity_id != entity:
             raise DecodeError(f"a state of {decoded.entity_id} is filed under entity {entity}")
+        # A state may only name events the dump holds for its entity (unless the dump holds
+        # none: an ephemeral node's snapshot). Otherwise a forged or damaged event would
+        # load and leave a state whose head references a missing event.
+        if self.generations and any(h not in self.generations for h in decoded.state.head):
+            raise InvalidEvent(f"the state of {entity} names head events its dump does not hold")
         try:
             stored = StoredState(decoded, decode_values(expect_bytes(values, "values")))
         except MyceliaError as exc:
