@@ -72,4 +72,6 @@ def test_a_tampered_dump_is_refused_with_a_typed_error(
     forged = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
     dump.write_bytes(forged)
     assert main(["load", str(dump), str(tmp_path / "b")]) == 1
-    assert any("Error" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors
+    assert errors[0].startswith(("InvalidEvent", "IdMismatch", "DecodeError")), errors
