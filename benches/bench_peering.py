@@ -95,7 +95,7 @@ def rss_kib(pid: int | None) -> int:
     """Resident memory of ``pid`` (this process when None), in KiB."""
     if pid is None:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with open(f"/proc/{pid}/status") as f:  # noqa: PTH123
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
