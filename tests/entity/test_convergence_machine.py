@@ -193,7 +193,7 @@ class Convergence(RuleBasedStateMachine):
 
 # The profile decides how hard to look: dev (60 programs), ci (200), each 20 steps.
 Convergence.TestCase.settings = settings(
-    max_examples=settings.default.max_examples, stateful_step_count=20, deadline=None
+    max_examples=settings().max_examples, stateful_step_count=20, deadline=None
 )
 TestConvergence = Convergence.TestCase
 
@@ -219,6 +219,6 @@ class ConvergenceToTheEnd(Convergence):
 
 
 ConvergenceToTheEnd.TestCase.settings = settings(
-    max_examples=max(30, settings.default.max_examples // 2), stateful_step_count=20, deadline=None
+    max_examples=max(30, settings().max_examples // 2), stateful_step_count=20, deadline=None
 )
 TestConvergenceToTheEnd = ConvergenceToTheEnd.TestCase

@@ -102,7 +102,7 @@ async def check(
     assert all(model[v.id] == v for v in live.items)
 
 
-@settings(max_examples=max(25, settings.default.max_examples // 3), deadline=None)
+@settings(max_examples=max(25, settings().max_examples // 3), deadline=None)
 @given(query=st.sampled_from(QUERIES), ops=operations)
 def test_local_live_queries_follow_every_commit(
     query: tuple[str, tuple[object, ...]], ops: list[tuple[str, object]]
