@@ -166,3 +166,45 @@ async def test_reserved_collections_refuse_client_commits(
         await connection.request(lambda rid: CommitRequest(rid, (sneaky,)))
     assert info.value.kind == PolicyDenied.__name__
     assert await server[0].storage.events_of(sneaky.entity_id) == []
+
+
+async def test_a_snapshot_over_older_history_fetches_what_it_needs_and_keeps_an_antichain(
+    server: tuple[Node, Server], client: NodeFactory
+) -> None:
+    server_node, _ = server
+    a, _ = await client()
+    album = await create(server_node, name="g", artist="x", year=1)
+    await a.context().get(Album, album)  # a holds the genesis state
+    genesis = (await server_node.storage.events_of(album))[:1]
+    await a.ingest(genesis)  # ... and the genesis event itself
+    for year in (2, 3):
+        async with server_node.context().transaction() as trx:
+            (await trx.edit(Album, album)).year = year
+    view = await a.context().get(Album, album)  # a snapshot: merged over the held genesis
+    assert view.year == 3
+    assert view.head == (await server_node.context().get(Album, album)).head
+    assert len(view.head) == 1  # the genesis is not kept beside its descendant
+
+
+async def test_a_snapshot_holder_places_a_concurrent_event_once_it_has_the_history() -> None:
+    a = await Node.open(MemoryStorage(), durable=True)
+    await a.create_system()
+    album = await create(a, name="g", artist="x", year=1)
+    async with a.context().transaction() as trx:
+        (await trx.edit(Album, album)).year = 2  # A
+    fork = await Node.open(MemoryStorage(), durable=True)
+    await fork.join_system(await a.system_events())
+    await fork.ingest(await a.storage.events_of(album))
+    async with a.context().transaction() as trx:
+        (await trx.edit(Album, album)).year = 3  # B on A
+    async with fork.context().transaction() as trx:
+        (await trx.edit(Album, album)).artist = "y"  # C on A, concurrent with B
+    e = await Node.open(MemoryStorage(), durable=False)
+    await e.join_system(await a.system_events())
+    state = await a.storage.get_state(album)
+    assert state is not None
+    await e.applier.ingest_states([state])  # holds [B] without its events
+    await e.ingest([(await fork.storage.events_of(album))[-1]])  # C: held, A is unknown
+    await e.ingest(await a.storage.events_of(album))  # the history arrives: C applies
+    view = await e.context().get(Album, album)
+    assert (view.year, view.artist) == (3, "y")

@@ -70,7 +70,15 @@ from mycelia.proto import (
     Event,
     EventId,
 )
-from mycelia.retrieval import EntityStore, LocalGetter, StagingMap, StoredState, WriteBatch
+from mycelia.retrieval import (
+    CachedGetter,
+    EntityStore,
+    LocalGetter,
+    RemoteEvents,
+    StagingMap,
+    StoredState,
+    WriteBatch,
+)
 
 __all__ = ["VERDICTS", "Action", "Applier", "EntityChange", "EventCheck", "IngestResult"]
 
@@ -165,6 +173,8 @@ class Applier:
         self._pending = pending if pending is not None else PendingPool()
         self._budget = budget
         self._locks: dict[EntityId, asyncio.Lock] = {}
+        self.remote: RemoteEvents | None = None
+        """An ephemeral node's durable peer, asked for history it does not hold."""
 
     @property
     def pending(self) -> PendingPool:
@@ -249,20 +259,20 @@ class Applier:
             self._residents.put(fresh)
             return _Plan(fresh, before, [], [], set(fresh.values()))
         before = entity.snapshot()
-        head = await self._merged_head(entity, incoming)
+        getter = self._getter(entity_id, StagingMap())
+        head = await self._merged_head(entity, incoming, getter)
         if head is None:
             return None
         changed = entity.merge_state(incoming)
         entity.set_head(head)
         self._residents.put(entity)
-        return _Plan(entity, before, [], [], changed)
+        return _Plan(entity, before, _fetched(getter), [], changed)
 
     async def _merged_head(
-        self, entity: Entity, incoming: EntityState
+        self, entity: Entity, incoming: EntityState, getter: LocalGetter
     ) -> dict[EventId, int] | None:
         """The head after merging ``incoming`` (``None``: it adds nothing)."""
         hints = {**entity.head_generations, **incoming.state.head_generations()}
-        getter = LocalGetter(StagingMap(), self._store, definitive=self._durable)
         try:
             outcome = await compare(
                 getter, incoming.state.head, entity.head, budget=self._budget, hints=hints
@@ -287,6 +297,12 @@ class Applier:
             if stored is not None:
                 entity = self._residents.put(Entity.from_state(stored))
         return entity
+
+    def _getter(self, entity_id: EntityId, staging: StagingMap) -> LocalGetter:
+        """Staging and storage, then (on an ephemeral node with a peer) the peer."""
+        if self.remote is None:
+            return LocalGetter(staging, self._store, definitive=self._durable)
+        return CachedGetter(staging, self._store, self.remote, entity_id=entity_id)
 
     def lock(self, entity_id: EntityId) -> asyncio.Lock:
         """The lock that serialises changes to one entity."""
@@ -389,7 +405,9 @@ class Applier:
             return None
         staged = staging.staged()
         before = entity.snapshot()
-        applied, head = await self._place(entity, staging, staged)
+        getter = self._getter(entity_id, staging)
+        applied, head = await self._place(entity, staged, getter)
+        staged = [*staged, *(e for e in _fetched(getter) if e.id not in staging)]
         changed: set[str] = set()
         try:
             for event in applied:
@@ -403,7 +421,7 @@ class Applier:
         return _Plan(entity, before, staged, applied, changed)
 
     async def _place(
-        self, entity: Entity, staging: StagingMap, staged: list[AdmittedEvent]
+        self, entity: Entity, staged: list[AdmittedEvent], getter: LocalGetter
     ) -> tuple[list[AdmittedEvent], Mapping[EventId, int]]:
         """Which staged events the head lacks (parents first), and the head after them."""
         if not entity.exists:
@@ -418,7 +436,6 @@ class Applier:
             # The linear case (one event made on exactly this head): the comparison would
             # conclude StrictDescends on its first step; skip building it.
             return staged, {staged[0].id: staged[0].generation}
-        getter = LocalGetter(staging, self._store, definitive=self._durable)
         # A subject-side walk: the events the head lacks, without walking the head's own
         # branches (admission already keeps foreign lineage out: parents are this entity's).
         outcome = await missing(
@@ -450,7 +467,7 @@ class Applier:
         staging = StagingMap()
         head = entity.head_generations
         for event in group if len(group) == 1 else topological_sort(group):
-            if event.id in known or event.id in staging or event.id in head:
+            if event.id in known or event.id in staging:
                 continue  # already here: a no-op
             if event.collection != entity.collection:
                 raise InvalidEvent(
@@ -474,6 +491,8 @@ class Applier:
                     generations.append(head[parent])
                 else:
                     missing.append(parent)
+            if missing and event.id in head:
+                continue  # a snapshot's head event, its history still unknown: a no-op
             if missing:
                 if atomic:
                     raise EventNotFound(
@@ -485,6 +504,8 @@ class Applier:
                 result.held.append(event.id)
                 result.missing.update(missing)
                 continue
+            # (A head event of a snapshot whose parents are known now is staged too: it is
+            # already applied, but storing it lets the snapshot's history be filled in.)
             staging.stage(AdmittedEvent(event, 1 + max(generations)))
         return staging
 
@@ -502,6 +523,11 @@ class Applier:
             raise ForeignSystem(
                 f"entity {event.entity_id} was created in system {event.system}, not {root}"
             )
+
+
+def _fetched(getter: LocalGetter) -> list[AdmittedEvent]:
+    """Events a cached getter fetched from the peer (stored with the result)."""
+    return getter.fetched() if isinstance(getter, CachedGetter) else []
 
 
 def _head_after(head: Mapping[EventId, int], applied: list[AdmittedEvent]) -> dict[EventId, int]:

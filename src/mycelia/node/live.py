@@ -384,7 +384,7 @@ class Reactor:
 
     def _on_change(self, changes: list[EntityChange]) -> None:
         touched: dict[LiveQuery[Model], list[EntityChange]] = {}
-        for change in changes:
+        for change in _per_entity(changes):
             for live in self._candidates(change):
                 touched.setdefault(live, []).append(change)
         views: dict[object, Model] = {}  # one view per (model, entity) for this batch
@@ -393,6 +393,27 @@ class Reactor:
 
 
 K = TypeVar("K")
+
+
+def _per_entity(changes: list[EntityChange]) -> list[EntityChange]:
+    """One change per entity: several in one batch (a genesis, then an update released for
+    it) become one, from the first ``before`` to the last ``after``, so a query that only
+    learns of the entity from the first is not left holding a stale view."""
+    merged: dict[EntityId, EntityChange] = {}
+    for change in changes:
+        entity_id = change.after.entity_id
+        earlier = merged.get(entity_id)
+        merged[entity_id] = (
+            change
+            if earlier is None
+            else EntityChange(
+                earlier.before,
+                change.after,
+                earlier.events + change.events,
+                earlier.changed | change.changed,
+            )
+        )
+    return list(merged.values())
 
 
 def _discard(index: dict[K, set[LiveQuery[Model]]], live: LiveQuery[M]) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import secrets
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
 from types import TracebackType
 from typing import Final
 
@@ -49,11 +49,12 @@ from mycelia.proto import (
     AdmittedEvent,
     EntityId,
     Event,
+    EventId,
     Limits,
     NodeId,
 )
 from mycelia.proto.event import NONCE_LENGTH
-from mycelia.proto.peering import CommitRequest
+from mycelia.proto.peering import CommitRequest, EventsResponse, GetEventsRequest
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import StorageEngine
 
@@ -296,8 +297,32 @@ class Node:
             log.error("a node task failed", exc_info=task.exception())
 
     def attach_upstream(self, connection: Connection) -> None:
-        """Use ``connection`` as this node's durable peer (``connect`` calls this)."""
+        """Use ``connection`` as this node's durable peer (``connect`` calls this).
+
+        An ephemeral node then asks it for history it does not hold while placing events
+        or merging snapshots (the cached getter of ARCHITECTURE.md §4).
+        """
         self.upstream = connection
+        if not self.durable:
+            self.applier.remote = self._remote_events
+
+    async def _remote_events(self, ids: Sequence[EventId], ahead: int) -> list[AdmittedEvent]:
+        """Events from the durable peer (nothing when it is unreachable or refuses)."""
+        upstream = self.upstream
+        if upstream is None or upstream.state is not ConnectionState.READY:
+            return []
+        wanted = tuple(ids)
+        try:
+            response = await upstream.request(lambda rid: GetEventsRequest(rid, wanted, ahead))
+        except (ConnectionClosed, RequestTimeout, RemoteError) as exc:
+            log.info("could not fetch %d events from the server: %s", len(wanted), exc)
+            return []
+        assert isinstance(response, EventsResponse)
+        if len(response.generations) != len(response.events):
+            return []
+        return [
+            AdmittedEvent(e, g) for e, g in zip(response.events, response.generations, strict=True)
+        ]
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until this node's durable peer connection is ready (no-op without one)."""

@@ -135,7 +135,9 @@ class Responder:
             if readable[event.entity_id]:
                 events.append(event)
         events.sort(key=lambda e: (e.generation, e.id))
-        return EventsResponse(msg.request_id, tuple(e.event for e in events))
+        return EventsResponse(
+            msg.request_id, tuple(e.event for e in events), tuple(e.generation for e in events)
+        )
 
     async def _commit(self, peer: PeerConnection, msg: CommitRequest) -> Ack:
         for event in msg.events:

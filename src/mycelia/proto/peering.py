@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Self
 
-from mycelia.errors import PayloadTooLarge
+from mycelia.errors import DecodeError, PayloadTooLarge
 from mycelia.proto.codec import (
     expect_bytes,
     expect_int,
@@ -420,18 +420,28 @@ class StatesResponse(Message):
 @message(23)
 @dataclass(frozen=True, slots=True)
 class EventsResponse(Message):
-    """Events answering :class:`GetEventsRequest` or :class:`SystemRequest`."""
+    """Events answering :class:`GetEventsRequest` or :class:`SystemRequest`.
+
+    ``generations`` (one per event, or empty) are the responder's generations: a receiver
+    that holds an event's parents recomputes and checks it; one that does not (an
+    ephemeral node walking history it never held) uses it to order its walk.
+    """
 
     request_id: int
     events: tuple[Event, ...]
+    generations: tuple[int, ...] = ()
 
     def to_wire(self) -> list[object]:
-        return [self.request_id, [e.to_bytes() for e in self.events]]
+        return [self.request_id, [e.to_bytes() for e in self.events], list(self.generations)]
 
     @classmethod
     def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, events = expect_list(fields, "EventsResponse", length=2)
-        return cls(_rid(rid), tuple(decode_events(events, limits)))
+        rid, events, generations = expect_list(fields, "EventsResponse", length=3)
+        decoded = tuple(decode_events(events, limits))
+        gens = expect_list(generations, "generations", max_len=len(decoded))
+        if gens and len(gens) != len(decoded):
+            raise DecodeError("an events response needs one generation per event, or none")
+        return cls(_rid(rid), decoded, tuple(expect_int(g, "generation", minimum=1) for g in gens))
 
 
 @message(24)

@@ -16,8 +16,9 @@ from mycelia.retrieval.staging import StagingMap
 
 __all__ = ["CachedGetter", "LocalGetter", "RemoteEvents"]
 
-RemoteEvents = Callable[[Sequence[EventId]], Awaitable[Sequence[AdmittedEvent]]]
-"""Asks a durable peer for events by id (the node layer supplies it)."""
+RemoteEvents = Callable[[Sequence[EventId], int], Awaitable[Sequence[AdmittedEvent]]]
+"""Asks a durable peer for events by id, plus up to ``ahead`` ancestors (the node layer
+supplies it; it answers with nothing when no peer is reachable)."""
 
 
 class LocalGetter:
@@ -60,7 +61,13 @@ class LocalGetter:
 
 
 class CachedGetter(LocalGetter):
-    """Staging, storage, then a remote peer; remote answers are verified and remembered."""
+    """Staging, storage, then a remote peer; remote answers are checked and remembered.
+
+    What the peer sends is kept only if it is an event of the entity being compared (a
+    peer cannot inject another entity's events) and, when its parents are known here, its
+    generation agrees with them. Fetched events are returned by :meth:`fetched` so the
+    applier stores them with its result.
+    """
 
     __slots__ = ("_entity", "_fetched", "_remote")
 
@@ -82,18 +89,25 @@ class CachedGetter(LocalGetter):
     ) -> Mapping[EventId, AdmittedEvent]:
         """Local first; ids still missing are asked of the remote peer in one request."""
         found = dict(await super().get_events(ids, ahead=ahead))
-        missing = [i for i in ids if i not in found]
-        if missing:
-            found.update({i: self._fetched[i] for i in missing if i in self._fetched})
-            ask = [i for i in missing if i not in found]
-            if ask:
-                wanted = set(ask)
-                for event in await self._remote(ask):
-                    # Only what was asked for, for this entity: a peer cannot inject events.
-                    if event.id in wanted and event.entity_id == self._entity:
-                        self._fetched[event.id] = event
-                        found[event.id] = event
+        for eid in ids:
+            if eid not in found and eid in self._fetched:
+                found[eid] = self._fetched[eid]
+        ask = [i for i in ids if i not in found]
+        if ask:
+            for event in await self._remote(ask, ahead):
+                if event.entity_id != self._entity or not self._consistent(event, found):
+                    continue
+                self._fetched.setdefault(event.id, event)
+                found.setdefault(event.id, event)
         return found
+
+    def _consistent(self, event: AdmittedEvent, around: Mapping[EventId, AdmittedEvent]) -> bool:
+        parents = [around.get(p) or self._fetched.get(p) for p in event.parent]
+        if not parents:
+            return event.generation == 1
+        if any(p is None for p in parents):
+            return True  # parents unknown here: the generation orders the walk only
+        return event.generation == 1 + max(p.generation for p in parents if p is not None)
 
     def fetched(self) -> list[AdmittedEvent]:
         """Events fetched from the remote during this run (to be stored with the result)."""

@@ -84,8 +84,10 @@ class LwwBackend:
                     if current is None or current[0] != value:
                         changed.add(prop)
                     entries[prop] = (value, rank[0], rank[1])
-        if changed:
-            self._decoded = None
+        decoded = self._decoded
+        if decoded is not None:  # keep the decoded view current: decode only what changed
+            for prop in changed:
+                decoded[prop] = decode_value(entries[prop][0])
         return changed
 
     def merge(self, other: Self) -> set[str]:
@@ -153,11 +155,20 @@ def encode_diff(writes: dict[str, bytes]) -> bytes:
     return pack([[p, writes[p]] for p in sorted(writes)])
 
 
+_NAMES: set[str] = set()  # property names already validated (bounded below)
+
+
 def decode_diff(diff: bytes) -> list[tuple[str, bytes]]:
     """The (property, encoded value) pairs of a diff; raises DecodeError if malformed."""
     rows = expect_list(unpack(diff, what="lww diff"), "lww diff")
     out = []
     for row in rows:
+        if type(row) is list and len(row) == 2 and type(row[1]) is bytes and row[0] in _NAMES:
+            out.append((row[0], row[1]))  # the common case, already validated once
+            continue
         prop, value = expect_list(row, "lww write", length=2)
-        out.append((expect_name(prop, "property"), expect_bytes(value, "value")))
+        name = expect_name(prop, "property")
+        out.append((name, expect_bytes(value, "value")))
+        if len(_NAMES) < 4096:
+            _NAMES.add(name)
     return out
