@@ -41,7 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="how much to log to stderr (default: INFO)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _serve_parser(sub)
+    _data_parsers(sub)
+    return parser
 
+
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve_cmd = sub.add_parser(
         "serve",
         help="run a durable node that peers reach over websockets",
@@ -69,24 +74,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="offer permessage-deflate compression to clients (off by default)",
     )
 
+
+def _data_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     inspect_cmd = sub.add_parser(
         "inspect",
         help="print a summary of a data directory",
-        description="Print the node id, "
-        "system root, change-feed offset and entity counts per collection of a store.",
+        description="Print the node id, system root, change-feed offset and entity counts "
+        "per collection of a store.",
     )
     _storage_flags(inspect_cmd)
-
     dump_cmd = sub.add_parser(
         "dump",
         help="write a store's events and states to a portable file",
         description="Stream every entity (events parents first, then its state) to OUT "
-        "(stdout when '-'), with a progress bar on stderr. Stop 'mycelia serve' first: an "
+        "(stdout when '-'), with a progress line on stderr. Stop 'mycelia serve' first: an "
         "LMDB store is open in one process at a time.",
     )
     _storage_flags(dump_cmd)
     dump_cmd.add_argument("out", nargs="?", default="-", help="output file ('-': stdout)")
-
     load_cmd = sub.add_parser(
         "load",
         help="load a portable dump into a store",
@@ -96,7 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load_cmd.add_argument("file", help="the dump file ('-': stdin)")
     _storage_flags(load_cmd)
-    return parser
 
 
 def _storage_flags(cmd: argparse.ArgumentParser) -> None:

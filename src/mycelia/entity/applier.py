@@ -31,6 +31,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Final
 
+from mycelia.entity.admission import admit
 from mycelia.entity.entity import Entity, Snapshot
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.residents import Residents
@@ -42,10 +43,8 @@ from mycelia.errors import (
 )
 from mycelia.errors import (
     EventNotFound,
-    ForeignSystem,
     InvalidEvent,
     MyceliaError,
-    SystemNotReady,
 )
 from mycelia.event_dag import (
     DEFAULT_BUDGET,
@@ -59,10 +58,8 @@ from mycelia.event_dag import (
     StrictDescends,
     compare,
     missing,
-    topological_sort,
 )
 from mycelia.proto import (
-    SYSTEM_COLLECTION,
     AdmittedEvent,
     Clock,
     EntityId,
@@ -400,7 +397,12 @@ class Applier:
         entity = await self.load(entity_id)
         if entity is None:
             entity = Entity.empty(entity_id, group[0].collection)
-        staging = self._admit(entity, group, known, result, atomic=atomic)
+        admission = admit(entity, group, known, root=self._system_root(), atomic=atomic)
+        for waiting, missing_ids in admission.held:
+            self._pending.hold(waiting, missing_ids)
+            result.held.append(waiting.id)
+            result.missing.update(missing_ids)
+        staging = admission.staging
         if not staging:
             return None
         staged = staging.staged()
@@ -453,76 +455,6 @@ class Applier:
             raise _rejection(outcome.relation, entity.entity_id)
         applied = list(outcome.subject_only)
         return applied, _head_after(entity.head_generations, applied)
-
-    def _admit(
-        self,
-        entity: Entity,
-        group: list[Event],
-        known: Mapping[EventId, AdmittedEvent],
-        result: IngestResult,
-        *,
-        atomic: bool,
-    ) -> StagingMap:
-        """Stage the new events whose parents are known; hold the others."""
-        staging = StagingMap()
-        head = entity.head_generations
-        for event in group if len(group) == 1 else topological_sort(group):
-            if event.id in known or event.id in staging:
-                continue  # already here: a no-op
-            if event.collection != entity.collection:
-                raise InvalidEvent(
-                    f"event {event.id} names collection {event.collection!r}, but entity "
-                    f"{entity.entity_id} lives in {entity.collection!r}"
-                )
-            if event.is_genesis:
-                self._check_genesis(event)
-                staging.stage(AdmittedEvent(event, 1))
-                continue
-            generations, missing = [], []
-            for parent in event.parent:
-                found = staging.get(parent) or known.get(parent)
-                if found is not None:
-                    if found.entity_id != event.entity_id:
-                        raise InvalidEvent(
-                            f"event {event.id} names parent {parent} of another entity"
-                        )
-                    generations.append(found.generation)
-                elif parent in head:
-                    generations.append(head[parent])
-                else:
-                    missing.append(parent)
-            if missing and event.id in head:
-                continue  # a snapshot's head event, its history still unknown: a no-op
-            if missing:
-                if atomic:
-                    raise EventNotFound(
-                        f"event {event.id} has parents this node does not know: "
-                        + ", ".join(map(str, missing)),
-                        event_id=missing[0],
-                    )
-                self._pending.hold(event, missing)
-                result.held.append(event.id)
-                result.missing.update(missing)
-                continue
-            # (A head event of a snapshot whose parents are known now is staged too: it is
-            # already applied, but storing it lets the snapshot's history be filled in.)
-            staging.stage(AdmittedEvent(event, 1 + max(generations)))
-        return staging
-
-    def _check_genesis(self, event: Event) -> None:
-        root = self._system_root()
-        if event.system is None:
-            if event.collection != SYSTEM_COLLECTION:
-                raise InvalidEvent(f"genesis {event.id} binds no system but is not a root")
-            if root is not None and root != event.entity_id:
-                raise ForeignSystem(f"root {event.entity_id} is not this node's system {root}")
-            return
-        if root is None:
-            raise SystemNotReady("this node has no system root: create_system() or join_system()")
-        if event.system != root:
-            raise ForeignSystem(
-                f"entity {event.entity_id} was created in system {event.system}, not {root}"
-            )
 
 
 def _fetched(getter: LocalGetter) -> list[AdmittedEvent]:

@@ -26,7 +26,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from mycelia.entity import EntityChange, Snapshot
 from mycelia.entity.model import Model
@@ -321,16 +321,16 @@ class Reactor:
     """
 
     def __init__(self, node: Node) -> None:
-        self._by_field: dict[tuple[str, str], set[LiveQuery[Model]]] = {}
-        self._pinned: dict[tuple[str, str, bytes], set[LiveQuery[Model]]] = {}
+        self._by_field: dict[tuple[str, str], set[LiveQuery[Any]]] = {}
+        self._pinned: dict[tuple[str, str, bytes], set[LiveQuery[Any]]] = {}
         self._pinned_fields: dict[str, set[str]] = {}
-        self._unpinned: dict[str, set[LiveQuery[Model]]] = {}
-        self._by_entity: dict[EntityId, set[LiveQuery[Model]]] = {}
+        self._unpinned: dict[str, set[LiveQuery[Any]]] = {}
+        self._by_entity: dict[EntityId, set[LiveQuery[Any]]] = {}
         node.on_change(self._on_change)
 
     def track(self, entity_id: EntityId, live: LiveQuery[M]) -> None:
         """Note that ``entity_id`` is a member of ``live`` (it is a candidate for it)."""
-        self._by_entity.setdefault(entity_id, set()).add(live)  # type: ignore[arg-type]
+        self._by_entity.setdefault(entity_id, set()).add(live)
 
     def untrack(self, entity_id: EntityId, live: LiveQuery[M]) -> None:
         """Note that ``entity_id`` left ``live``."""
@@ -346,12 +346,12 @@ class Reactor:
         pin = _pinned(live.query)
         if pin is not None:
             name, key = pin
-            self._pinned.setdefault((collection, name, key), set()).add(live)  # type: ignore[arg-type]
+            self._pinned.setdefault((collection, name, key), set()).add(live)
             self._pinned_fields.setdefault(collection, set()).add(name)
             return
-        self._unpinned.setdefault(collection, set()).add(live)  # type: ignore[arg-type]
+        self._unpinned.setdefault(collection, set()).add(live)
         for name in live.reads:
-            self._by_field.setdefault((collection, name), set()).add(live)  # type: ignore[arg-type]
+            self._by_field.setdefault((collection, name), set()).add(live)
 
     def remove(self, live: LiveQuery[M]) -> None:
         """Forget a live query."""
@@ -364,7 +364,7 @@ class Reactor:
         self.remove(live)
         self.add(live)
 
-    def _candidates(self, change: EntityChange) -> set[LiveQuery[Model]]:
+    def _candidates(self, change: EntityChange) -> set[LiveQuery[Any]]:
         collection = change.after.collection
         candidates = set(self._by_entity.get(change.after.entity_id, ()))
         values = change.after.values
@@ -383,7 +383,7 @@ class Reactor:
         return candidates
 
     def _on_change(self, changes: list[EntityChange]) -> None:
-        touched: dict[LiveQuery[Model], list[EntityChange]] = {}
+        touched: dict[LiveQuery[Any], list[EntityChange]] = {}
         for change in _per_entity(changes):
             for live in self._candidates(change):
                 touched.setdefault(live, []).append(change)
@@ -416,7 +416,7 @@ def _per_entity(changes: list[EntityChange]) -> list[EntityChange]:
     return list(merged.values())
 
 
-def _discard(index: dict[K, set[LiveQuery[Model]]], live: LiveQuery[M]) -> None:
+def _discard(index: dict[K, set[LiveQuery[Any]]], live: LiveQuery[Any]) -> None:
     for key, queries in list(index.items()):
         queries.discard(live)
         if not queries:

@@ -1,0 +1,115 @@
+"""Admission: which events of a batch may be staged, and with which generation (§4).
+
+History stays closed: an event is admitted only once every parent is known for the same
+entity — staged earlier in the batch (which is sorted parents first), stored, or named in
+the head of a snapshot this node holds (whose generations the snapshot carries). A parent
+from another entity is refused; an event whose parents are unknown is returned as *held*
+with the ids it misses (the applier keeps it pending and reports them). A genesis must
+bind this node's system root (the root genesis binds none). The generation of an admitted
+event is computed here, from its parents, never taken from the sender.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from mycelia.entity.entity import Entity
+from mycelia.errors import EventNotFound, ForeignSystem, InvalidEvent, SystemNotReady
+from mycelia.event_dag import topological_sort
+from mycelia.proto import SYSTEM_COLLECTION, AdmittedEvent, EntityId, Event, EventId
+from mycelia.retrieval import StagingMap
+
+__all__ = ["Admission", "admit", "check_genesis"]
+
+
+@dataclass(slots=True)
+class Admission:
+    """The outcome of admitting one entity's events."""
+
+    staging: StagingMap = field(default_factory=StagingMap)
+    held: list[tuple[Event, list[EventId]]] = field(default_factory=list)
+    """Events whose parents are unknown, with the ids they miss."""
+
+
+def admit(
+    entity: Entity,
+    group: list[Event],
+    known: Mapping[EventId, AdmittedEvent],
+    *,
+    root: EntityId | None,
+    atomic: bool,
+) -> Admission:
+    """Stage the new events of ``group`` whose parents are known; hold the others.
+
+    ``known`` are stored events (the batch's ids and parents, looked up once). Raises
+    InvalidEvent (collection, foreign parent), ForeignSystem / SystemNotReady (genesis),
+    and, when ``atomic``, EventNotFound instead of holding anything.
+    """
+    outcome = Admission()
+    staging, head = outcome.staging, entity.head_generations
+    for event in group if len(group) == 1 else topological_sort(group):
+        if event.id in known or event.id in staging:
+            continue  # already here: a no-op
+        if event.collection != entity.collection:
+            raise InvalidEvent(
+                f"event {event.id} names collection {event.collection!r}, but entity "
+                f"{entity.entity_id} lives in {entity.collection!r}"
+            )
+        if event.is_genesis:
+            check_genesis(event, root)
+            staging.stage(AdmittedEvent(event, 1))
+            continue
+        generations, missing = _parent_generations(event, staging, known, head)
+        if missing and event.id in head:
+            continue  # a snapshot's head event, its history still unknown: a no-op
+        if missing:
+            if atomic:
+                raise EventNotFound(
+                    f"event {event.id} has parents this node does not know: "
+                    + ", ".join(map(str, missing)),
+                    event_id=missing[0],
+                )
+            outcome.held.append((event, missing))
+            continue
+        # (A snapshot's head event whose parents are known now is staged too: it is
+        # already applied, but storing it lets the snapshot's history be filled in.)
+        staging.stage(AdmittedEvent(event, 1 + max(generations)))
+    return outcome
+
+
+def _parent_generations(
+    event: Event,
+    staging: StagingMap,
+    known: Mapping[EventId, AdmittedEvent],
+    head: Mapping[EventId, int],
+) -> tuple[list[int], list[EventId]]:
+    """The known parents' generations and the unknown parents' ids."""
+    generations, missing = [], []
+    for parent in event.parent:
+        found = staging.get(parent) or known.get(parent)
+        if found is not None:
+            if found.entity_id != event.entity_id:
+                raise InvalidEvent(f"event {event.id} names parent {parent} of another entity")
+            generations.append(found.generation)
+        elif parent in head:
+            generations.append(head[parent])
+        else:
+            missing.append(parent)
+    return generations, missing
+
+
+def check_genesis(event: Event, root: EntityId | None) -> None:
+    """Refuse a genesis that does not bind this node's system ``root``."""
+    if event.system is None:
+        if event.collection != SYSTEM_COLLECTION:
+            raise InvalidEvent(f"genesis {event.id} binds no system but is not a root")
+        if root is not None and root != event.entity_id:
+            raise ForeignSystem(f"root {event.entity_id} is not this node's system {root}")
+        return
+    if root is None:
+        raise SystemNotReady("this node has no system root: create_system() or join_system()")
+    if event.system != root:
+        raise ForeignSystem(
+            f"entity {event.entity_id} was created in system {event.system}, not {root}"
+        )
