@@ -55,8 +55,13 @@ async def fetch_case(storage: StorageEngine, count: int) -> float:
     return statistics.median(times)
 
 
-async def live_queries_case(queries: int) -> tuple[float, float]:
-    """Median commit time with ``queries`` live queries vs none; the difference is query work."""
+async def live_queries_case(queries: int, *, pinned: bool) -> tuple[float, float]:
+    """Median commit time (editing ``x``) with ``queries`` live queries vs none.
+
+    ``pinned``: each query pins ``group`` to a value (the candidate index narrows a commit
+    to the few queries of its group); else every query is a range on ``x``, the field each
+    commit changes, so every query must be evaluated (the worst case for the index).
+    """
     node = await populated(MemoryStorage(), 2000)
     ctx = node.context()
     ids = [v.id for v in await ctx.fetch(Row, "group < 10")]
@@ -66,14 +71,15 @@ async def live_queries_case(queries: int) -> tuple[float, float]:
         for i in range(300):
             start = time.perf_counter()
             async with ctx.transaction() as trx:
-                (await trx.edit(Row, ids[i % len(ids)])).label = f"l{i}"
+                (await trx.edit(Row, ids[i % len(ids)])).x = i
             samples.append(time.perf_counter() - start)
         return statistics.median(samples)
 
     baseline = await commits()
     lives: list[LiveQuery[Row]] = []
     for g in range(queries):
-        live = ctx.query(Row, "group = ? AND x > ?", g, 0)
+        text = "group = ? AND x > ?" if pinned else "x > ? AND group >= ?"
+        live = ctx.query(Row, text, g if pinned else g * 1000, 0)
         await live.__aenter__()
         lives.append(live)
     loaded = await commits()
