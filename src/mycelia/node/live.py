@@ -46,10 +46,10 @@ from mycelia.proto.query import (
     Placeholder,
     Query,
     encode_key,
-    evaluate,
     order_key,
     parse,
 )
+from mycelia.proto.query.compile import compile_predicate
 
 if TYPE_CHECKING:
     from mycelia.node.client import Connection
@@ -85,6 +85,7 @@ class LiveQuery(Generic[M]):
         self._node = ctx.node
         self.model = model
         self.query = parse(text).bind(*args)
+        self._predicate = compile_predicate(self.query.predicate)
         self._text, self._args = text, args
         self.query_id = next(_QUERY_IDS)
         self._members: dict[EntityId, M] = {}
@@ -154,6 +155,7 @@ class LiveQuery(Generic[M]):
     async def update_query(self, text: str, *args: object) -> None:
         """Change the query in place: the next change set moves the result to the new one."""
         self.query = parse(text).bind(*args)
+        self._predicate = compile_predicate(self.query.predicate)
         self._text, self._args = text, args
         self._node.reactor.reindex(self)
         upstream = self._node.upstream
@@ -201,7 +203,7 @@ class LiveQuery(Generic[M]):
         return (
             snapshot.collection == self.model.__collection__
             and not snapshot.deleted
-            and evaluate(self.query.predicate, snapshot.values)
+            and self._predicate(snapshot.values)
             and self._node.policy.can_read(self._ctx.credentials, snapshot)
         )
 
@@ -222,25 +224,26 @@ class LiveQuery(Generic[M]):
             self._settled.clear()
             self._node.spawn(self._scheduled_refresh())
             return
-        out: ChangeSet[M] = ChangeSet()
+        added: list[M] = []
+        updated: list[M] = []
+        removed: list[M] = []
         for change in changes:
             after, entity_id = change.after, change.after.entity_id
             previous = self._members.get(entity_id)
             if previous is not None and previous.head == after.head:
                 continue  # already shown at this head (e.g. seen by the initial load)
-            was = previous is not None
             if self.matches(after):
                 view = self._admit(after, views)
-                if not was:
-                    out.added.append(view)
+                if previous is None:
+                    added.append(view)
                 elif view != previous:  # a no-op delta emits nothing
-                    out.updated.append(view)
-            elif was:
-                out.removed.append(self._members.pop(entity_id))
+                    updated.append(view)
+            elif previous is not None:
+                removed.append(self._members.pop(entity_id))
                 self._keys.pop(entity_id, None)
                 self._node.reactor.untrack(entity_id, self)
-        if out:
-            self._changes.put_nowait(out)
+        if added or updated or removed:
+            self._changes.put_nowait(ChangeSet(added=added, updated=updated, removed=removed))
 
     async def _scheduled_refresh(self) -> None:
         try:

@@ -43,6 +43,7 @@ from mycelia.proto.peering import (
     UnsubscribeRequest,
 )
 from mycelia.proto.query import Query, evaluate, parse
+from mycelia.proto.query.compile import Compiled, compile_predicate
 
 if TYPE_CHECKING:
     from mycelia.node.node import Node
@@ -63,6 +64,8 @@ class _Standing:
     query: Query
     credentials: Credentials
     sent: dict[EntityId, Clock] = field(default_factory=dict)
+    predicate: Compiled | None = None
+    """The query's predicate, compiled once (see :mod:`mycelia.proto.query.compile`)."""
     """Entities the peer holds for this query, with the head it holds."""
 
 
@@ -157,7 +160,12 @@ class Responder:
             raise InvalidArgument(f"a peer may hold at most {MAX_SUBSCRIPTIONS} subscriptions")
         deltas, members = await self._deltas(peer.credentials, msg.collection, query, msg.known)
         standing[msg.query_id] = _Standing(
-            msg.query_id, msg.collection, query, peer.credentials, members
+            msg.query_id,
+            msg.collection,
+            query,
+            peer.credentials,
+            members,
+            compile_predicate(query.predicate),
         )
         self._ensure_worker(peer)
         return DeltasResponse(msg.request_id, deltas)
@@ -309,7 +317,7 @@ class Responder:
     def _member(self, standing: _Standing, snapshot: Snapshot) -> bool:
         return (
             not snapshot.deleted
-            and evaluate(standing.query.predicate, snapshot.values)
+            and (standing.predicate or compile_predicate(standing.query.predicate))(snapshot.values)
             and self._node.policy.can_read(standing.credentials, snapshot)
         )
 
