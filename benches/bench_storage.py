@@ -1,6 +1,8 @@
 """Storage benchmarks (issue 5): LMDB and PostgreSQL, each next to its raw primitive.
 
 Targets: ingest 100,000 events in batches of 1,000 on LMDB, durable, ≥ 30,000 events/s;
+fetch ``ORDER BY x LIMIT 20`` with a range on ``x`` over 100,000 entities on LMDB ≤ 5 ms
+(the field index, next to the scan + ``sort_rows`` baseline; issue 7);
 64 concurrent committers (one LWW field each) on LMDB, durable, with group commit,
 ≥ 10,000 commits/s and p99 ≤ 20 ms; sequential single commits on LMDB, durable, within
 1.5x of a raw LMDB put+fsync per transaction; ingest 100,000 events in batches of 1,000 on
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -28,10 +31,11 @@ from mycelia import Model, Node
 from mycelia.entity.backends.lww import encode_diff
 from mycelia.entity.values import encode_value
 from mycelia.proto import AdmittedEvent, Clock, EntityId, Event
+from mycelia.proto.query import parse, sort_rows
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import MemoryStorage, StorageEngine
 from mycelia.storage.lmdb import LmdbStorage
-from mycelia.storage.testing import state_of
+from mycelia.storage.testing import genesis, state_of
 
 QUICK = "--quick" in sys.argv
 
@@ -238,6 +242,8 @@ async def postgres_rows(total: int) -> list[list[str]]:
             engine = await PostgresStorage(dsn, schema="bench_storage").open()
             try:
                 rate = await engine_ingest(engine, work)
+                await fill_rows(engine, total)
+                fetch, scan = await fetch_times(engine, rounds=20)
             finally:
                 await engine.close()
                 await _drop_schema(dsn, "bench_storage")
@@ -249,7 +255,8 @@ async def postgres_rows(total: int) -> list[list[str]]:
             f"{rate:,.0f} events/s (raw unnest insert {raw:,.0f}/s)",
             "≥ 20,000/s",
             verdict(rate >= 20_000),
-        ]
+        ],
+        fetch_row("PostgreSQL", total, fetch, scan, target=False),
     ]
 
 
@@ -327,6 +334,61 @@ async def lmdb_reopen_rows(root: Path) -> list[list[str]]:
     ]
 
 
+FETCH = parse("x > ? AND x < ? AND _deleted IS NULL ORDER BY x LIMIT 20")
+"""The fetch of the target, as the node sends it (bound, tombstones excluded)."""
+
+
+async def fill_rows(engine: StorageEngine, total: int) -> None:
+    """``total`` entities of collection ``rows`` with a random ``x`` in ±1,000,000."""
+    rng = random.Random(2)
+    for start in range(0, total, 5000):
+        states = tuple(
+            state_of([genesis("rows", n)], {"x": rng.randint(-1_000_000, 1_000_000), "g": n % 1000})
+            for n in range(start, min(total, start + 5000))
+        )
+        await engine.write(WriteBatch(states=states))
+
+
+async def fetch_times(engine: StorageEngine, *, rounds: int = 50) -> tuple[float, float]:
+    """Median seconds of :data:`FETCH` (random 100,000-wide windows) and of the baseline:
+    ``scan`` plus the reference executor ``sort_rows``."""
+    rng = random.Random(3)
+    fetches, scans = [], []
+    for i in range(rounds):
+        low = rng.randint(-1_000_000, 900_000)
+        query = FETCH.bind(low, low + 100_000)
+        start = time.perf_counter()
+        found = await engine.fetch("rows", query)
+        fetches.append(time.perf_counter() - start)
+        if i % 10 == 0:
+            start = time.perf_counter()
+            everything = await engine.scan("rows")
+            expected = sort_rows([(s.state.entity_id, s.values) for s in everything], query)
+            scans.append(time.perf_counter() - start)
+            assert [s.state.entity_id for s in found] == [i for i, _ in expected]
+    return statistics.median(fetches), statistics.median(scans)
+
+
+def fetch_row(engine: str, total: int, fetch: float, scan: float, *, target: bool) -> list[str]:
+    """A table row for :func:`fetch_times`."""
+    return [
+        f"fetch range ORDER BY x LIMIT 20, {total:,} entities, {engine}",
+        f"{fmt_time(fetch)} (scan + sort_rows {fmt_time(scan)}, {scan / fetch:,.0f}x)",
+        "≤ 5 ms" if target else "report",
+        verdict(fetch <= 5e-3) if target else "",
+    ]
+
+
+async def lmdb_fetch_rows(root: Path, total: int) -> list[list[str]]:
+    engine = LmdbStorage(root / "fetch")
+    try:
+        await fill_rows(engine, total)
+        fetch, scan = await fetch_times(engine)
+    finally:
+        await engine.close()
+    return [fetch_row("LMDB", total, fetch, scan, target=True)]
+
+
 async def run() -> None:
     total = 20_000 if QUICK else 100_000
     with tempfile.TemporaryDirectory(prefix="mycelia-bench-") as tmp:
@@ -334,6 +396,7 @@ async def run() -> None:
         rows = await lmdb_ingest_rows(root, total)
         rows += await lmdb_commit_rows(root)
         rows += await lmdb_reopen_rows(root)
+        rows += await lmdb_fetch_rows(root, total)
     rows += await postgres_rows(total)
     Table("storage: LMDB and PostgreSQL", ["case", "measured", "target", "ok"], rows).print()
 

@@ -4,7 +4,8 @@
 ``postgres`` extra (psycopg 3 and psycopg-pool) and is imported on first use, so a
 missing driver costs nothing until then and then fails with a clear ImportError.
 :mod:`mycelia.storage.testing` is the conformance suite; :mod:`mycelia.storage.dump` the
-portable dump format.
+portable dump format; :mod:`mycelia.storage.plan` the index planner behind the LMDB and
+PostgreSQL ``fetch`` pushdown.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ same conformance suite (:mod:`mycelia.storage.testing`):
   never skips a committed batch;
 - engines translate their backend's exceptions to :class:`~mycelia.errors.StorageError`
   subclasses, chained with ``from``;
+- ``fetch(collection, query)`` returns exactly what ``sort_rows`` over ``scan(collection)``
+  returns (the same rows, in the same order, LIMIT applied), whatever an engine pushes
+  down (:mod:`mycelia.storage.plan`; the shared query case file pins it);
 - every engine can stream its whole content out (:meth:`StorageEngine.dump`, entity by
   entity, events parents first, the state last) and take such a stream in
   (:meth:`StorageEngine.load`), which is how :mod:`mycelia.storage.dump` moves a store
@@ -36,6 +39,7 @@ import msgpack
 from mycelia.errors import DecodeError, StorageCorrupt, StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId, Limits
 from mycelia.proto.codec import canonical_value, pack
+from mycelia.proto.query import Query
 from mycelia.retrieval import EntityStore, StoredState, WriteBatch
 
 __all__ = [
@@ -198,6 +202,12 @@ class StorageEngine(EntityStore, Protocol):
 
     async def scan(self, collection: str) -> list[StoredState]:
         """Every stored state of ``collection`` with its values (queries fall back to it)."""
+        ...
+
+    async def fetch(self, collection: str, query: Query) -> list[StoredState]:
+        """The states of ``collection`` matching the bound ``query``, in its order, at most
+        its limit: exactly ``sort_rows`` over :meth:`scan` (ARCHITECTURE.md §8), pushed
+        down where the engine can. Raises InvalidArgument if ``query`` has placeholders."""
         ...
 
     async def read_since(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:

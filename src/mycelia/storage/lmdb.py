@@ -1,86 +1,70 @@
 """``LmdbStorage``: the embedded durable engine (ARCHITECTURE.md §6).
 
-Layout — named databases, opened once when the engine is constructed:
-
-==================  ===========================================  ============================
-database            key                                          value
-==================  ===========================================  ============================
-``events``          event id                                     generation (8 bytes BE) +
-                                                                 canonical event bytes
-``by_entity``       entity id + generation (8 BE) + event id     empty (parents-first index)
-``states``          entity id                                    len (4 BE) + state bytes +
-                                                                 values (msgpack)
-``by_collection``   collection (UTF-8) + NUL + entity id         empty (``scan`` index)
-``feed``            offset (8 BE)                                :func:`encode_feed` row
-``meta``            key (UTF-8)                                  value
-``engine``          ``format``                                   format version
-==================  ===========================================  ============================
+The layout and opening are in :mod:`.lmdb_format`, the writer thread (one writer, group
+commit, the feed counter, map growth) in :mod:`.lmdb_writer`, the field index and
+``fetch`` in :mod:`.lmdb_index`. This module holds the engine and its reads.
 
 Invariants:
 
-- **One writer.** Every write transaction runs on one dedicated thread. ``write()`` encodes
-  the batch on the caller's thread (a batch that cannot be encoded fails alone, before
-  anything is queued), queues it, and awaits a future the writer resolves only after the
-  transaction holding it has committed — with ``durable=True`` (the default) that commit
-  includes the fsync, so an acknowledged write survives a crash.
-- **Group commit.** The writer takes every batch queued while it was busy and commits them
-  in one transaction and one fsync, so concurrent committers share the cost of a sync. If
-  a group fails, its batches are retried one transaction each: a bad batch fails alone,
-  and each batch stays atomic (all of it or nothing).
-- **Feed.** The writer owns the offset counter: offsets are assigned in commit order, one
-  per state, strictly increasing and without gaps; a failed transaction assigns none.
-- **Map size** grows on demand: a transaction that hits ``MapFullError`` is aborted, the map
-  is doubled (while no read transaction is open: reads pass a shared gate that the resize
-  takes exclusively) and the transaction is retried.
 - **Reads** run in short read transactions on the caller's thread (a point read is a few
   microseconds, cheaper than a thread hop); the large ones (a long history, a collection
-  scan) decode in a worker thread. Read-ahead happens inside one read transaction.
-- **Exclusive.** A process holds ``mycelia.lock`` (``flock``) while the store is open, so a
-  second opener gets :class:`~mycelia.errors.StorageLocked` at once; the lock dies with the
-  process, so a crash needs no cleanup. Opening replays nothing: it reads the format
-  version and the last feed offset, so it costs the same at any size.
-- Stored events are re-hashed on read; content that does not match its key, or does not
-  decode, raises :class:`~mycelia.errors.StorageCorrupt`.
+  scan, a fetch reading more than ``LARGE_READ`` candidate rows) run in a worker thread.
+  Read-ahead happens inside one read transaction, and so does each fetch.
+- A read sees every write acknowledged before it began: the event loop's thread keeps one
+  read transaction and renews it when the writer's commit count has moved.
+- **Exclusive.** One engine per store, across processes (``flock``, see
+  :mod:`.lmdb_format`); opening replays nothing: it reads the format version and the last
+  feed offset, so it costs the same at any size (but for the one-time migration of a
+  layout 1 store, which builds the field index).
+- ``fetch`` returns exactly what ``sort_rows`` over ``scan`` returns (same rows, same
+  order, LIMIT applied), through the field index when the query has an indexable conjunct.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import fcntl
 import logging
 import os
-import queue
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Iterator, Mapping
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import lmdb
 
-from mycelia.errors import DecodeError, StorageCorrupt, StorageError, StorageLocked, StorageReadOnly
-from mycelia.proto import AdmittedEvent, EntityId, EntityState, Event, EventId
+from mycelia.errors import StorageCorrupt, StorageError, StorageReadOnly
+from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
+from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
 from mycelia.retrieval.readahead import events_with_ancestors
 from mycelia.storage.engine import (
-    STORED_LIMITS,
     DumpRecord,
     EntityRecord,
     FeedEntry,
     FeedSignal,
     MetaRecord,
     decode_feed,
-    decode_values,
-    encode_feed,
-    encode_values,
     entity_records,
     load_records,
 )
+from mycelia.storage.lmdb_format import (
+    FORMAT_VERSION,
+    Gate,
+    admitted,
+    last_feed_offset,
+    open_databases,
+    open_env,
+    stored,
+    stored_state,
+    take_lock,
+    translate,
+)
+from mycelia.storage.lmdb_index import OverBudget, build_index, fetch_in
+from mycelia.storage.lmdb_writer import Writer, encode_batch
+from mycelia.storage.plan import check_bound, plan_query
 
-__all__ = ["DEFAULT_MAP_SIZE", "FORMAT_VERSION", "LmdbStorage"]
+__all__ = ["DEFAULT_MAP_SIZE", "FORMAT_VERSION", "LARGE_READ", "LmdbStorage"]
 
 if TYPE_CHECKING:
     Txn = lmdb.Transaction[bytes]
@@ -88,134 +72,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-FORMAT_VERSION: Final = b"1"
-"""The on-disk layout version, written once and checked on every open."""
 DEFAULT_MAP_SIZE: Final = 1 << 30
 """Initial map size (address space, not disk: the file grows as data does)."""
-MAX_GROUP: Final = 512
-"""Most batches one group-commit transaction takes."""
 RECENT_EVENTS: Final = 4096
 """How many recently committed events are kept decoded for reads."""
 STALE_SNAPSHOT: Final = 64
 """Commits after which a writing thread drops its cached read snapshot."""
 LARGE_READ: Final = 2000
 """Reads decoding more records than this move to a worker thread."""
-_NAMES: Final = (b"events", b"by_entity", b"states", b"by_collection", b"feed", b"meta", b"engine")
-_STOP: Final = None
-
-
-class _Gate:
-    """Shared for reads, exclusive for a map resize or close (a readers-writer lock)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._exclusive = False
-
-    @contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._exclusive)
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                self._cond.notify_all()
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._exclusive)
-            self._exclusive = True
-            self._cond.wait_for(lambda: not self._readers)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
-
-
-@dataclass(frozen=True, slots=True)
-class _Encoded:
-    """A write batch as the writer puts it: keys and values, ready to write."""
-
-    events: tuple[tuple[EventId, bytes, bytes], ...]  # id, by_entity key, value
-    states: tuple[tuple[bytes, bytes, bytes, bytes], ...]  # key, value, collection key, feed
-    meta: tuple[tuple[bytes, bytes | None], ...]
-
-
-@dataclass(slots=True)
-class _Request:
-    batch: _Encoded
-    future: asyncio.Future[WriteResult]
-    loop: asyncio.AbstractEventLoop
-
-
-def _encode(batch: WriteBatch) -> _Encoded:
-    """Encode a batch; raises StorageError (nothing queued) if any part cannot be stored."""
-    events = tuple(
-        (
-            e.id,
-            e.entity_id + e.generation.to_bytes(8, "big") + e.id,
-            e.generation.to_bytes(8, "big") + e.event.to_bytes(),
-        )
-        for e in batch.events
-    )
-    states = []
-    for stored in batch.states:
-        state = stored.state
-        if not isinstance(state, EntityState):
-            raise StorageError("a write batch holds something that is not a state")
-        raw = state.to_bytes()
-        value = len(raw).to_bytes(4, "big") + raw + encode_values(stored.values)
-        key = state.collection.encode() + b"\0" + state.entity_id
-        feed = encode_feed(state.entity_id, state.collection, state.state.head)
-        states.append((bytes(state.entity_id), value, key, feed))
-    meta = tuple((k.encode(), v) for k, v in batch.meta)
-    return _Encoded(events, tuple(states), meta)
-
-
-def _translate(exc: BaseException, what: str) -> StorageError:
-    """The typed error for an lmdb (or OS) failure."""
-    if isinstance(exc, StorageError):
-        return exc
-    if isinstance(exc, (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError)):
-        return StorageCorrupt(f"{what}: the store is damaged or not an LMDB store: {exc}")
-    if isinstance(exc, lmdb.ReadonlyError) or (
-        isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM)
-    ):
-        return StorageReadOnly(f"{what}: the store cannot be written: {exc}")
-    if isinstance(exc, lmdb.LockError):
-        return StorageLocked(f"{what}: {exc}")
-    return StorageError(f"{what}: {exc}")
-
-
-def _admitted(event_id: bytes, value: bytes) -> AdmittedEvent:
-    """Decode an ``events`` value, checking that its content hashes to its key."""
-    try:
-        event = Event.from_bytes(
-            value[8:], limits=STORED_LIMITS, expect_id=EventId._trusted(event_id)
-        )
-    except DecodeError as exc:
-        raise StorageCorrupt(f"stored event {event_id.hex()} is damaged: {exc}") from exc
-    return AdmittedEvent(event, int.from_bytes(value[:8], "big"))
-
-
-def _state(value: bytes) -> EntityState:
-    """Decode the state of a ``states`` value (length-prefixed, then the values)."""
-    try:
-        return EntityState.from_bytes(
-            value[4 : 4 + int.from_bytes(value[:4])], limits=STORED_LIMITS
-        )
-    except DecodeError as exc:
-        raise StorageCorrupt(f"a stored state is damaged: {exc}") from exc
-
-
-def _stored(value: bytes) -> StoredState:
-    return StoredState(_state(value), decode_values(value[4 + int.from_bytes(value[:4]) :]))
 
 
 class LmdbStorage:
@@ -238,88 +102,32 @@ class LmdbStorage:
         self.path = Path(path)
         self.durable = durable
         self.readonly = readonly
-        self._gate = _Gate()
-        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        self._news = FeedSignal()
+        self._gate = Gate()
         self._closed = False
-        self._commits = 0
-        """Committed write transactions; the writer bumps it before releasing callers."""
         self._owner: int | None = None
         self._recent: OrderedDict[EventId, AdmittedEvent] = OrderedDict()
         """Events this engine committed lately (immutable, so never stale): a commit reads
         its parents, which are usually the events of the commit before."""
         self._cached: Txn | None = None
         self._cached_at = -1
-        self._lock_fd = self._take_lock()
+        self._lock_fd = take_lock(self.path, readonly=readonly)
         try:
-            self._env = self._open_env(map_size, max_readers)
-            self._dbs = self._open_dbs()
-            txn: Txn = self._env.begin()
-            with txn:
-                self._last_offset = self._last_feed_offset(txn)
+            self._env = open_env(
+                self.path, map_size=map_size, max_readers=max_readers, readonly=readonly,
+                durable=durable,
+            )  # fmt: skip
+            self._dbs = open_databases(self._env, self.path, readonly=readonly, migrate=build_index)
+            last = last_feed_offset(self._env, self._dbs)
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self._writer: threading.Thread | None = None
+        self._news = FeedSignal()
+        self._writer = Writer(
+            self._env, self._dbs, gate=self._gate, news=self._news, path=self.path,
+            last_offset=last,
+        )  # fmt: skip
         if not readonly:
-            self._writer = threading.Thread(
-                target=self._writer_loop, name=f"mycelia-lmdb-writer:{self.path}", daemon=True
-            )
             self._writer.start()
-
-    # ------------------------------------------------------------------ opening
-
-    def _take_lock(self) -> int:
-        try:
-            if not self.readonly:
-                self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(
-                self.path / "mycelia.lock",
-                os.O_RDONLY if self.readonly else os.O_RDWR | os.O_CREAT,
-                0o644,
-            )
-        except OSError as exc:
-            raise _translate(exc, f"cannot open {self.path}") from exc
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if self.readonly else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            raise StorageLocked(
-                f"{self.path} is open in another engine (maybe another process)"
-            ) from exc
-        return fd
-
-    def _open_env(self, map_size: int, max_readers: int) -> lmdb.Environment:
-        try:
-            return lmdb.open(
-                str(self.path), map_size=map_size, max_dbs=len(_NAMES), readonly=self.readonly,
-                sync=self.durable, metasync=self.durable, readahead=False,
-                max_readers=max_readers, create=not self.readonly,
-            )  # fmt: skip
-        except (lmdb.Error, OSError) as exc:
-            raise _translate(exc, f"cannot open {self.path}") from exc
-
-    def _open_dbs(self) -> dict[bytes, lmdb._Database]:
-        try:
-            dbs = {name: self._env.open_db(name, create=not self.readonly) for name in _NAMES}
-            with self._env.begin(write=not self.readonly) as txn:
-                found = txn.get(b"format", db=dbs[b"engine"])
-                if found is None and not self.readonly:
-                    txn.put(b"format", FORMAT_VERSION, db=dbs[b"engine"])
-                    found = FORMAT_VERSION
-        except (lmdb.Error, OSError) as exc:
-            self._env.close()
-            raise _translate(exc, f"cannot open the databases in {self.path}") from exc
-        if found != FORMAT_VERSION:
-            self._env.close()
-            raise StorageCorrupt(
-                f"{self.path} has layout version {found!r}, not {FORMAT_VERSION!r}"
-            )
-        return dbs
-
-    def _last_feed_offset(self, txn: Txn) -> int:
-        cursor = txn.cursor(db=self._dbs[b"feed"])
-        return int.from_bytes(cursor.key(), "big") if cursor.last() else 0
 
     # ------------------------------------------------------------------ reads
 
@@ -346,7 +154,7 @@ class LmdbStorage:
             except lmdb.Error as exc:
                 if owner:
                     self._drop_snapshot()  # a failed transaction is not reused
-                raise _translate(exc, "read failed") from exc
+                raise translate(exc, "read failed") from exc
 
     def _drop_snapshot(self) -> None:
         if self._cached is not None:
@@ -354,7 +162,8 @@ class LmdbStorage:
             self._cached = None
 
     def _snapshot(self) -> Txn:
-        commits = self._commits  # read before begin(): the txn sees at least these commits
+        # Read before begin(): the transaction sees at least these commits.
+        commits = self._writer.commits
         if self._cached is None or self._cached_at != commits:
             self._drop_snapshot()
             self._cached = self._env.begin()
@@ -371,7 +180,7 @@ class LmdbStorage:
         if recent is not None:
             return recent
         value = txn.get(event_id, db=self._dbs[b"events"])
-        return None if value is None else _admitted(event_id, value)
+        return None if value is None else admitted(event_id, value)
 
     async def get_events(
         self, ids: Collection[EventId], *, ahead: int = 0
@@ -411,7 +220,7 @@ class LmdbStorage:
     async def get_state(self, entity_id: EntityId) -> EntityState | None:
         """The stored state, or None."""
         value = self._read(lambda txn: txn.get(entity_id, db=self._dbs[b"states"]))
-        return None if value is None else _state(value)
+        return None if value is None else stored_state(value)
 
     async def get_states(self, ids: Collection[EntityId]) -> dict[EntityId, EntityState]:
         """The stored states among ``ids``."""
@@ -419,7 +228,7 @@ class LmdbStorage:
         def read(txn: Txn) -> dict[EntityId, EntityState]:
             db = self._dbs[b"states"]
             found = ((i, txn.get(i, db=db)) for i in ids)
-            return {i: _state(v) for i, v in found if v is not None}
+            return {i: stored_state(v) for i, v in found if v is not None}
 
         return await self._read_large(read, len(ids))
 
@@ -441,9 +250,31 @@ class LmdbStorage:
 
         def read(txn: Txn) -> list[StoredState]:
             db = self._dbs[b"states"]
-            return [_stored(v) for v in (txn.get(i, db=db) for i in ids) if v is not None]
+            return [stored(v) for v in (txn.get(i, db=db) for i in ids) if v is not None]
 
         return await self._read_large(read, len(ids))
+
+    async def fetch(self, collection: str, query: Query) -> list[StoredState]:
+        """The states of ``collection`` matching the bound ``query``, in its order, at most
+        its limit: exactly ``sort_rows`` over :meth:`scan`, read through the field index
+        when the query has an indexable conjunct (see :mod:`mycelia.storage.plan`).
+
+        Raises InvalidArgument if the query has placeholders.
+        """
+        check_bound(query)
+        if query.limit == 0:
+            return []
+        plan = plan_query(query)
+        if plan is not None and not plan.ranges:
+            return []
+
+        def run(budget: int | None) -> Callable[[Txn], list[StoredState]]:
+            return lambda txn: fetch_in(txn, self._dbs, collection, query, plan=plan, budget=budget)
+
+        try:
+            return self._read(run(LARGE_READ))
+        except OverBudget:  # many candidates: decode them off the event loop
+            return await asyncio.to_thread(self._read, run(None))
 
     async def read_since(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:
         """Feed rows after ``offset``, ascending, at most ``limit``."""
@@ -463,7 +294,7 @@ class LmdbStorage:
 
     async def last_offset(self) -> int:
         """The newest committed offset."""
-        return self._last_offset
+        return self._writer.last_offset
 
     async def get_meta(self, key: str) -> bytes | None:
         """A node-level record."""
@@ -471,7 +302,7 @@ class LmdbStorage:
 
     async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:
         """Wait until a commit takes the feed beyond ``offset`` (or ``timeout`` passes)."""
-        return await self._news.wait(lambda: self._last_offset > offset, timeout)
+        return await self._news.wait(lambda: self._writer.last_offset > offset, timeout)
 
     # ------------------------------------------------------------------ dump and load
 
@@ -507,7 +338,7 @@ class LmdbStorage:
     async def _entity_records(self, entity_id: EntityId) -> list[EntityRecord]:
         events = await self.events_of(entity_id)
         raw = self._read(lambda txn: txn.get(entity_id, db=self._dbs[b"states"]))
-        return entity_records(entity_id, events, None if raw is None else _stored(raw))
+        return entity_records(entity_id, events, None if raw is None else stored(raw))
 
     async def load(self, records: AsyncIterable[DumpRecord]) -> int:
         """Write a dump stream; returns how many events it held."""
@@ -523,15 +354,12 @@ class LmdbStorage:
         """
         if self._closed:
             raise StorageError(f"this LmdbStorage ({self.path}) is closed")
-        if self._writer is None:
+        if self.readonly:
             raise StorageReadOnly(f"{self.path} was opened read-only")
-        encoded = _encode(batch)
-        if not (encoded.events or encoded.states or encoded.meta):
+        encoded = encode_batch(batch)
+        if not encoded:
             return WriteResult(frozenset(), ())
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[WriteResult] = loop.create_future()
-        self._queue.put(_Request(encoded, future, loop))
-        result = await future
+        result = await self._writer.submit(encoded)
         self._remember(batch.events)
         return result
 
@@ -544,105 +372,11 @@ class LmdbStorage:
             recent.popitem(last=False)
         # A snapshot pins the pages it sees: renewing only on reads could pin old ones
         # through a long run of writes, so the file would grow instead of reusing them.
-        stale = self._cached is not None and self._commits - self._cached_at > STALE_SNAPSHOT
+        age = self._writer.commits - self._cached_at
+        stale = self._cached is not None and age > STALE_SNAPSHOT
         if stale and self._owner == threading.get_ident():
             with self._gate.shared():
                 self._drop_snapshot()
-
-    def _writer_loop(self) -> None:
-        """The writer thread: take a group of queued batches, commit, release the callers."""
-        stopping = False
-        while not stopping:
-            first = self._queue.get()
-            if first is _STOP:
-                break
-            group = [first]
-            while len(group) < MAX_GROUP:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stopping = True
-                    break
-                group.append(item)
-            self._commit_group(group)
-
-    def _commit_group(self, group: list[_Request]) -> None:
-        outcomes: list[WriteResult | BaseException]
-        try:
-            outcomes = list(self._transaction([r.batch for r in group]))
-        except Exception as exc:  # noqa: BLE001 - every failure is reported to its caller
-            if len(group) == 1:
-                outcomes = [_translate(exc, "write failed")]
-            else:
-                log.warning(
-                    "group commit of %d batches failed (%s); retrying one by one", len(group), exc
-                )
-                outcomes = [self._one(r.batch) for r in group]
-        by_loop: dict[
-            asyncio.AbstractEventLoop,
-            list[tuple[asyncio.Future[WriteResult], WriteResult | BaseException]],
-        ] = {}
-        for request, outcome in zip(group, outcomes, strict=True):
-            by_loop.setdefault(request.loop, []).append((request.future, outcome))
-        for loop, items in by_loop.items():
-            with suppress(RuntimeError):  # the caller's loop is closed; nobody is waiting
-                loop.call_soon_threadsafe(_resolve, items)
-        self._news.notify()
-
-    def _one(self, batch: _Encoded) -> WriteResult | BaseException:
-        try:
-            return self._transaction([batch])[0]
-        except Exception as exc:  # noqa: BLE001 - reported to the batch's caller
-            return _translate(exc, "write failed")
-
-    def _transaction(self, batches: list[_Encoded]) -> list[WriteResult]:
-        """Commit ``batches`` in one transaction, growing the map as needed."""
-        while True:
-            offset = self._last_offset
-            try:
-                with self._env.begin(write=True) as txn:
-                    results = []
-                    for batch in batches:
-                        result, offset = self._put(txn, batch, offset)
-                        results.append(result)
-            except lmdb.MapFullError:
-                self._grow()
-                continue
-            self._last_offset = offset
-            self._commits += 1
-            return results
-
-    def _put(self, txn: Txn, batch: _Encoded, offset: int) -> tuple[WriteResult, int]:
-        events, by_entity, states, by_collection, feed, meta = (self._dbs[n] for n in _NAMES[:6])
-        new = []
-        for event_id, index_key, value in batch.events:
-            if txn.put(event_id, value, db=events, overwrite=False):
-                txn.put(index_key, b"", db=by_entity)
-                new.append(event_id)
-        offsets = []
-        for key, value, collection_key, row in batch.states:
-            if txn.replace(key, value, db=states) is None:
-                txn.put(collection_key, b"", db=by_collection)
-            offset += 1
-            txn.put(offset.to_bytes(8, "big"), row, db=feed, append=True)
-            offsets.append(offset)
-        for name, content in batch.meta:
-            if content is None:
-                txn.delete(name, db=meta)
-            else:
-                txn.put(name, content, db=meta)
-        return WriteResult(frozenset(new), tuple(offsets)), offset
-
-    def _grow(self) -> None:
-        with self._gate.exclusive():
-            size = self._env.info()["map_size"] * 2
-            log.info("growing the LMDB map of %s to %d bytes", self.path, size)
-            # An idle cached read transaction survives the remap (LMDB 0.9 finds pages
-            # through the environment's current map); the bump renews it anyway.
-            self._env.set_mapsize(size)
-            self._commits += 1
 
     # ------------------------------------------------------------------ closing
 
@@ -651,20 +385,8 @@ class LmdbStorage:
         if self._closed:
             return
         self._closed = True
-        if self._writer is not None:
-            self._queue.put(_STOP)
-            await asyncio.to_thread(self._writer.join)
+        await self._writer.stop()
         with self._gate.exclusive():
             self._drop_snapshot()
             self._env.close()
         os.close(self._lock_fd)
-
-
-def _resolve(items: list[tuple[asyncio.Future[WriteResult], WriteResult | BaseException]]) -> None:
-    for future, outcome in items:
-        if future.done():
-            continue
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping
 
 from mycelia.errors import StorageError
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
+from mycelia.proto.query import Query, sort_rows
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
 from mycelia.retrieval.readahead import events_with_ancestors
 from mycelia.storage.engine import (
@@ -79,6 +80,14 @@ class MemoryStorage:
         """Every state of ``collection``."""
         self._check_open()
         return list(self._by_collection.get(collection, {}).values())
+
+    async def fetch(self, collection: str, query: Query) -> list[StoredState]:
+        """The states of ``collection`` matching the bound ``query``: the reference executor
+        (``sort_rows``) over :meth:`scan`; raises InvalidArgument for placeholders."""
+        self._check_open()
+        states = self._by_collection.get(collection, {})
+        ordered = sort_rows(((i, s.values) for i, s in states.items()), query)
+        return [states[entity_id] for entity_id, _ in ordered]
 
     async def write(self, batch: WriteBatch) -> WriteResult:
         """Apply the batch atomically (it is checked whole before anything changes)."""

@@ -14,7 +14,13 @@ Schema (all tables in the PostgreSQL schema named by ``schema=``, default ``myce
   ``{"$bytes": base64}``, non-finite floats ``{"$float": "inf"}``, NUL characters in
   strings U+FFFD — JSONB cannot hold them); an index on ``(collection, entity_id)``;
 - ``feed("offset" PK, entity_id, collection, head)`` and the one-row ``feed_clock(last)``;
-- ``meta(key PK, value)``; ``version(version)``: the schema version.
+- ``field_keys(entity_id, field, collection, key)`` (PK ``(entity_id, field)``) — one row per
+  top-level field of a state holding a bool, number, string or bytes, ``key`` being
+  ``encode_key(value)`` (:func:`mycelia.storage.plan.index_entries`), or NULL when that is
+  longer than ``MAX_INDEXED_KEY`` (a *long* entry), ``field`` its UTF-8; a btree on
+  ``(collection, field, key, entity_id)`` serves ``fetch``;
+- ``meta(key PK, value)``; ``version(version)``: the schema version (2 added
+  ``field_keys``; migrating to it indexes every stored state).
 
 Invariants:
 
@@ -22,7 +28,14 @@ Invariants:
   lock (``pg_advisory_xact_lock``), so processes starting together do not race the DDL. A
   database migrated by a newer engine is refused (StorageError).
 - Every write batch is **one transaction**: events (``ON CONFLICT DO NOTHING ... RETURNING
-  id`` tells which were new), states, feed rows, meta.
+  id`` tells which were new), states and their ``field_keys`` rows (replaced whole), feed
+  rows, meta. So the field index never disagrees with the states a reader sees.
+- ``fetch`` returns exactly ``sort_rows`` over ``scan``: what maps exactly is pushed down
+  (one indexed range or set of keys, as parameters: see :mod:`mycelia.storage.plan`), the
+  field's long entries are added (kept if their recomputed key is in range), the whole
+  predicate is evaluated in Python on the candidates, and the order is either the index's
+  with the long rows merged in (ordered plans with a LIMIT, read through a server-side
+  cursor until LIMIT rows matched) or ``sort_rows``'s.
 - **The feed never skips a committed batch.** Offsets are not taken from a sequence (which
   has gaps, and whose values can become visible out of order). A batch with states updates
   the ``feed_clock`` row as the last step of its transaction: the row lock serialises
@@ -39,12 +52,10 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
-import json
 import logging
-import math
 import re
+from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping, Sequence
 from typing import Any, Final
 
@@ -52,18 +63,34 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from mycelia.errors import DecodeError, StorageCorrupt, StorageError, StorageReadOnly
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
+from mycelia.errors import StorageCorrupt, StorageError, StorageReadOnly
+from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
+from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
 from mycelia.storage.engine import (
-    STORED_LIMITS,
     DumpRecord,
     FeedEntry,
     MetaRecord,
     decode_values,
-    encode_values,
     entity_records,
     load_records,
+)
+from mycelia.storage.plan import IndexPlan, check_bound, index_entries, plan_query
+from mycelia.storage.postgres_sql import (
+    FIELD_KEYS_VERSION,
+    MIGRATIONS,
+    QUERIES,
+    SCHEMA_VERSION,
+    StateRow,
+    admitted,
+    clock,
+    decode_state,
+    key_columns,
+    long_rows,
+    matching,
+    merge_rows,
+    sorted_states,
+    state_rows,
 )
 
 __all__ = ["SCHEMA_VERSION", "PostgresStorage"]
@@ -71,87 +98,6 @@ __all__ = ["SCHEMA_VERSION", "PostgresStorage"]
 log = logging.getLogger(__name__)
 
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,39}\Z")
-_V1: Final = """
-CREATE TABLE {s}.events (id bytea PRIMARY KEY, entity_id bytea NOT NULL,
-    generation bigint NOT NULL, parents bytea NOT NULL, body bytea NOT NULL);
-CREATE INDEX events_by_entity ON {s}.events (entity_id, generation, id);
-CREATE TABLE {s}.states (entity_id bytea PRIMARY KEY, collection text NOT NULL,
-    state bytea NOT NULL, values_raw bytea NOT NULL, "values" jsonb NOT NULL);
-CREATE INDEX states_by_collection ON {s}.states (collection, entity_id);
-CREATE TABLE {s}.feed ("offset" bigint PRIMARY KEY, entity_id bytea NOT NULL,
-    collection text NOT NULL, head bytea NOT NULL);
-CREATE TABLE {s}.feed_clock (id int PRIMARY KEY CHECK (id = 1), last bigint NOT NULL);
-INSERT INTO {s}.feed_clock VALUES (1, 0);
-CREATE TABLE {s}.meta (key text PRIMARY KEY, value bytea NOT NULL)
-"""
-MIGRATIONS: Final = (_V1,)
-"""Migration *n* (1-based) brings the schema from version n-1 to n."""
-SCHEMA_VERSION: Final = len(MIGRATIONS)
-
-_Q: Final = {
-    "insert_events": """INSERT INTO {s}.events (id, entity_id, generation, parents, body)
-        SELECT * FROM unnest(%b::bytea[], %b::bytea[], %b::bigint[], %b::bytea[], %b::bytea[])
-        ON CONFLICT (id) DO NOTHING RETURNING id""",
-    "upsert_states": """INSERT INTO {s}.states (entity_id, collection, state, values_raw, "values")
-        SELECT e, c, st, r, j::jsonb FROM unnest(%b::bytea[], %s::text[], %b::bytea[],
-            %b::bytea[], %s::text[]) AS t(e, c, st, r, j)
-        ON CONFLICT (entity_id) DO UPDATE SET state = excluded.state,
-            values_raw = excluded.values_raw, "values" = excluded."values\"""",
-    "append_feed": """WITH clock AS (
-            UPDATE {s}.feed_clock SET last = last + cardinality(%(e)b::bytea[]) WHERE id = 1
-            RETURNING last),
-        added AS (INSERT INTO {s}.feed ("offset", entity_id, collection, head)
-            SELECT clock.last - cardinality(%(e)b::bytea[]) + r.n, r.e, r.c, r.h
-            FROM clock, unnest(%(e)b::bytea[], %(c)s::text[], %(h)b::bytea[])
-                WITH ORDINALITY AS r(e, c, h, n))
-        SELECT last, pg_notify(%(channel)s, last::text) FROM clock""",
-    "put_meta": """INSERT INTO {s}.meta (key, value) SELECT * FROM unnest(%s::text[], %b::bytea[])
-        ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
-    "delete_meta": "DELETE FROM {s}.meta WHERE key = ANY(%s::text[])",
-    "events": "SELECT id, generation, body FROM {s}.events WHERE id = ANY(%b::bytea[])",
-    "ahead": """WITH RECURSIVE walk(id) AS (
-            SELECT unnest(%(ids)b::bytea[])
-          UNION
-            SELECT substring(e.parents FROM i * 32 + 1 FOR 32)
-            FROM walk JOIN {s}.events e ON e.id = walk.id,
-                generate_series(0, length(e.parents) / 32 - 1) AS i)
-        SELECT e.id, e.generation, e.body
-        FROM (SELECT id FROM walk LIMIT %(n)s) w JOIN {s}.events e ON e.id = w.id""",
-    "stored": "SELECT 1 FROM {s}.events WHERE id = %b",
-    "events_of": """SELECT id, generation, body FROM {s}.events WHERE entity_id = %b
-        ORDER BY generation, id""",
-    "state": "SELECT state FROM {s}.states WHERE entity_id = %b",
-    "states": "SELECT state FROM {s}.states WHERE entity_id = ANY(%b::bytea[])",
-    "stored_state": "SELECT state, values_raw FROM {s}.states WHERE entity_id = %b",
-    "scan": """SELECT state, values_raw FROM {s}.states WHERE collection = %s
-        ORDER BY entity_id""",
-    "feed": """SELECT "offset", entity_id, collection, head FROM {s}.feed
-        WHERE "offset" > %s ORDER BY "offset" LIMIT %s""",
-    "last": "SELECT last FROM {s}.feed_clock",
-    "meta": "SELECT value FROM {s}.meta WHERE key = %s",
-    "all_meta": "SELECT key, value FROM {s}.meta ORDER BY key",
-    "entities": """SELECT entity_id FROM (
-            (SELECT DISTINCT entity_id FROM {s}.events WHERE entity_id > %(after)b
-                ORDER BY entity_id LIMIT %(n)s)
-          UNION
-            (SELECT entity_id FROM {s}.states WHERE entity_id > %(after)b
-                ORDER BY entity_id LIMIT %(n)s)) u ORDER BY entity_id LIMIT %(n)s""",
-}
-
-
-def _jsonable(value: object) -> object:
-    """The JSONB projection of a value (see the module docstring)."""
-    if isinstance(value, str):
-        return value.replace("\0", "\ufffd")
-    if isinstance(value, bytes):
-        return {"$bytes": base64.b64encode(value).decode()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return {"$float": str(value)}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k).replace("\0", "\ufffd"): _jsonable(v) for k, v in value.items()}
-    return value
 
 
 def _translate(exc: Exception, what: str) -> StorageError:
@@ -162,22 +108,6 @@ def _translate(exc: Exception, what: str) -> StorageError:
     if isinstance(exc, (psycopg.errors.DataCorrupted, psycopg.errors.IndexCorrupted)):
         return StorageCorrupt(f"{what}: {exc}")
     return StorageError(f"{what}: {exc}")
-
-
-def _admitted(row: Sequence[Any]) -> AdmittedEvent:
-    event_id, generation, body = row
-    try:
-        event = Event.from_bytes(body, limits=STORED_LIMITS, expect_id=EventId._trusted(event_id))
-    except DecodeError as exc:
-        raise StorageCorrupt(f"stored event {bytes(event_id).hex()} is damaged: {exc}") from exc
-    return AdmittedEvent(event, generation)
-
-
-def _state(raw: bytes) -> EntityState:
-    try:
-        return EntityState.from_bytes(raw, limits=STORED_LIMITS)
-    except DecodeError as exc:
-        raise StorageCorrupt(f"a stored state is damaged: {exc}") from exc
 
 
 class PostgresStorage:
@@ -203,7 +133,7 @@ class PostgresStorage:
         self._poll = poll_interval
         self._listen_enabled = listen
         self._connect_timeout = connect_timeout
-        self._q = {k: sql.SQL(v).format(s=sql.Identifier(schema)) for k, v in _Q.items()}
+        self._q = {k: sql.SQL(v).format(s=sql.Identifier(schema)) for k, v in QUERIES.items()}
         self._pool: AsyncConnectionPool[Any] | None = None
         self._listener: asyncio.Task[None] | None = None
         self._news = asyncio.Event()
@@ -269,11 +199,21 @@ class PostgresStorage:
             for version in range(current + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[version - 1].split(";"):
                     await conn.execute(sql.SQL(statement).format(s=s))
+                if version == FIELD_KEYS_VERSION:
+                    await self._index_every_state(conn)
                 await conn.execute(sql.SQL("DELETE FROM {}.version").format(s))
                 await conn.execute(
                     sql.SQL("INSERT INTO {}.version VALUES (%s)").format(s), (version,)
                 )
                 log.info("migrated PostgreSQL schema %s to version %d", self.schema, version)
+
+    async def _index_every_state(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Fill ``field_keys`` from the stored states (the data step of migration 2)."""
+        async with conn.cursor("mycelia_migrate", binary=True) as cursor:
+            await cursor.execute(self._q["all_values"])
+            while rows := await cursor.fetchmany(1000):
+                keys = [(e, c, index_entries(decode_values(raw))) for e, c, raw in rows]
+                await conn.execute(self._q["insert_keys"], key_columns(keys))
 
     async def _listen(self, listening: asyncio.Event) -> None:
         """Turn NOTIFYs into wake-ups; reconnect after errors (the wake is only a hint)."""
@@ -329,7 +269,7 @@ class PostgresStorage:
             rows = await self._fetch("ahead", {"ids": wanted, "n": len(wanted) + ahead})
         else:
             rows = await self._fetch("events", (wanted,))
-        return {e.id: e for e in map(_admitted, rows)}
+        return {e.id: e for e in map(admitted, rows)}
 
     async def event_stored(self, event_id: EventId) -> bool:
         """Whether the event is stored."""
@@ -337,31 +277,91 @@ class PostgresStorage:
 
     async def events_of(self, entity_id: EntityId) -> list[AdmittedEvent]:
         """The entity's events, parents first (generation, then id)."""
-        return [_admitted(r) for r in await self._fetch("events_of", (bytes(entity_id),))]
+        return [admitted(r) for r in await self._fetch("events_of", (bytes(entity_id),))]
 
     async def get_state(self, entity_id: EntityId) -> EntityState | None:
         """The stored state, or None."""
         rows = await self._fetch("state", (bytes(entity_id),))
-        return _state(rows[0][0]) if rows else None
+        return decode_state(rows[0][0]) if rows else None
 
     async def get_states(self, ids: Collection[EntityId]) -> dict[EntityId, EntityState]:
         """The stored states among ``ids``."""
         if not ids:
             return {}
-        states = [_state(r[0]) for r in await self._fetch("states", ([bytes(i) for i in ids],))]
+        rows = await self._fetch("states", ([bytes(i) for i in ids],))
+        states = [decode_state(r[0]) for r in rows]
         return {s.entity_id: s for s in states}
 
     async def scan(self, collection: str) -> list[StoredState]:
         """Every state of ``collection``, in entity id order."""
         rows = await self._fetch("scan", (collection,))
-        return [StoredState(_state(st), decode_values(raw)) for st, raw in rows]
+        return [StoredState(decode_state(st), decode_values(raw)) for st, raw in rows]
+
+    async def fetch(self, collection: str, query: Query) -> list[StoredState]:
+        """The states of ``collection`` matching the bound ``query``, in its order, at most
+        its limit: exactly ``sort_rows`` over :meth:`scan`, with an indexable conjunct's
+        range pushed down to ``field_keys`` (see the module docstring).
+
+        Raises InvalidArgument if the query has placeholders.
+        """
+        check_bound(query)
+        if query.limit == 0:
+            return []
+        plan = plan_query(query)
+        if plan is not None and not plan.ranges:
+            return []
+        keys: tuple[object, ...]
+        if plan is not None and all(r.point for r in plan.ranges):
+            span, keys = "points", ([r.low for r in plan.ranges],)
+        elif plan is not None and len(plan.ranges) == 1:
+            span, keys = "range", (plan.ranges[0].low, plan.ranges[0].high)
+        else:  # nothing indexable (or a shape no statement takes): read the collection
+            return sorted_states(await self._fetch("rows", (collection,)), query)
+        head = (collection, plan.field.encode("utf-8", "surrogatepass"))
+        long = long_rows(await self._fetch("long_", head), plan)
+        if not plan.ordered or query.limit is None:
+            return sorted_states([*await self._fetch(f"{span}_", (*head, *keys)), *long], query)
+        order = "desc" if plan.descending else "asc"
+        return await self._walk(f"{span}_{order}", (*head, *keys), query, (plan, deque(long)))
+
+    async def _walk(
+        self,
+        name: str,
+        params: Sequence[Any],
+        query: Query,
+        merge: tuple[IndexPlan, deque[tuple[Any, ...]]],
+    ) -> list[StoredState]:
+        """Read candidates in the query's order through a server-side cursor, in growing
+        chunks, merged with the plan's long rows, until ``query.limit`` of them match."""
+        limit = query.limit
+        assert isinstance(limit, int)
+        plan, pending = merge
+        pool = await self._ready()
+        found: list[StoredState] = []
+        try:
+            async with (
+                pool.connection() as conn,
+                conn.transaction(),
+                conn.cursor("mycelia_fetch", binary=True) as cursor,
+            ):
+                await cursor.execute(self._q[name], params)
+                size = max(2 * limit, 16)
+                while len(found) < limit and (rows := await cursor.fetchmany(size)):
+                    ordered = merge_rows(rows, pending, plan)
+                    found.extend(matching(ordered, query, limit - len(found)))
+                    size = min(4 * size, 4096)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, f"PostgreSQL read ({name}) failed") from exc
+        if len(found) < limit:
+            found.extend(matching(list(pending), query, limit - len(found)))
+        return found
 
     async def read_since(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:
         """Feed rows after ``offset``, ascending, at most ``limit`` (never skipping one)."""
         if limit <= 0:
             return []
         rows = await self._fetch("feed", (offset, limit))
-        return [FeedEntry(o, EntityId._trusted(e), c, _clock(h)) for o, e, c, h in rows]
+        return [FeedEntry(o, EntityId._trusted(e), c, clock(h)) for o, e, c, h in rows]
 
     async def last_offset(self) -> int:
         """The newest committed offset."""
@@ -402,9 +402,9 @@ class PostgresStorage:
                 entity_id = EntityId._trusted(raw_id)
                 events = await self.events_of(entity_id)
                 found = await self._fetch("stored_state", (bytes(entity_id),))
-                state = (
-                    StoredState(_state(found[0][0]), decode_values(found[0][1])) if found else None
-                )
+                state = None
+                if found:
+                    state = StoredState(decode_state(found[0][0]), decode_values(found[0][1]))
                 for record in entity_records(entity_id, events, state):
                     yield record
             after = bytes(rows[-1][0])
@@ -417,7 +417,7 @@ class PostgresStorage:
 
     async def write(self, batch: WriteBatch) -> WriteResult:
         """Make ``batch`` durable in one transaction; raises StorageError, writing nothing."""
-        states = _state_rows(batch)  # encodes first: a bad state fails before any I/O
+        states = state_rows(batch)  # encodes first: a bad state fails before any I/O
         if not (batch.events or states or batch.meta):
             await self._ready()
             return WriteResult(frozenset(), ())
@@ -451,13 +451,17 @@ class PostgresStorage:
     async def _insert_states(
         self,
         conn: psycopg.AsyncConnection[Any],
-        rows: list[tuple[bytes, str, bytes, bytes, str, bytes]],
+        rows: list[StateRow],
     ) -> tuple[int, ...]:
         if not rows:
             return ()
         latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
         columns = [list(c) for c in zip(*(r[:5] for r in latest.values()), strict=True)]
         await conn.execute(self._q["upsert_states"], columns)
+        await conn.execute(self._q["delete_keys"], (list(latest),))
+        keys = [(r[0], r[1], r[6]) for r in latest.values() if r[6]]
+        if keys:
+            await conn.execute(self._q["insert_keys"], key_columns(keys))
         feed = {"e": [r[0] for r in rows], "c": [r[1] for r in rows], "h": [r[5] for r in rows]}
         cursor = await conn.execute(self._q["append_feed"], {**feed, "channel": self.channel})
         row = await cursor.fetchone()
@@ -488,24 +492,3 @@ class PostgresStorage:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
-
-
-def _clock(head: bytes) -> Clock:
-    return Clock(EventId._trusted(head[i : i + 32]) for i in range(0, len(head), 32))
-
-
-def _state_rows(batch: WriteBatch) -> list[tuple[bytes, str, bytes, bytes, str, bytes]]:
-    """(entity, collection, state, values msgpack, values JSON, head) per state; raises
-    StorageError if a state cannot be stored."""
-    rows = []
-    for stored in batch.states:
-        state = stored.state
-        if not isinstance(state, EntityState):
-            raise StorageError("a write batch holds something that is not a state")
-        raw = encode_values(stored.values)
-        projection = json.dumps(_jsonable(stored.values), ensure_ascii=False, allow_nan=False)
-        head = b"".join(state.state.head.ids)
-        rows.append(
-            (bytes(state.entity_id), state.collection, state.to_bytes(), raw, projection, head)
-        )
-    return rows

@@ -15,12 +15,13 @@ re-added event is not new), events by id and by entity (parents first), ``get_st
 is None for an unknown entity, atomic batches (a batch failing mid-way leaves nothing),
 feed offsets that strictly increase and never skip a committed batch (under concurrent
 writers too), the feed wake-up, meta round trips and deletion, read-ahead that returns
-only real ancestors, dump/load round trips, persistence across a reopen, and errors after
-``close``.
+only real ancestors, dump/load round trips, persistence across a reopen, errors after
+``close``, and ``fetch`` returning exactly ``sort_rows`` over ``scan`` after updates and
+tombstones (:mod:`mycelia.storage.testing_queries`).
 
 :func:`agreement_machine` builds the differential hypothesis state machine
 (:class:`EngineAgreement`) that drives several engines in lockstep with random batches and
-checks they agree after every step. The module needs hypothesis.
+random queries, and checks they agree after every step. The module needs hypothesis.
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mycelia.errors import StorageError
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId, State
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EventId
+from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage.engine import DumpRecord, EntityRecord, MetaRecord, StorageEngine
+from mycelia.storage.testing_data import History, genesis, state_of, update
+from mycelia.storage.testing_queries import check_fetch_on, fetch_matches_scan, fetch_queries
 
 __all__ = [
     "CHECKS",
@@ -68,72 +72,6 @@ class EngineSpec:
 
 
 Check = Callable[[EngineSpec], Awaitable[None]]
-
-# ---------------------------------------------------------------- building blocks
-
-
-def genesis(collection: str = "items", n: int = 0) -> AdmittedEvent:
-    """A deterministic genesis (``n`` picks the nonce, so the entity)."""
-    event = Event.genesis(
-        collection=collection,
-        system=None,
-        operations={"lww": [b"genesis %d" % n]},
-        nonce=n.to_bytes(16, "big"),
-    )
-    return AdmittedEvent(event, 1)
-
-
-def update(parents: Sequence[AdmittedEvent], tag: bytes) -> AdmittedEvent:
-    """An update on ``parents`` (one entity), with its generation."""
-    first = parents[0]
-    event = Event.update(
-        entity_id=first.entity_id,
-        collection=first.collection,
-        parent=Clock(p.id for p in parents),
-        operations={"lww": [tag]},
-    )
-    return AdmittedEvent(event, 1 + max(p.generation for p in parents))
-
-
-def state_of(head: Sequence[AdmittedEvent], values: dict[str, object] | None = None) -> StoredState:
-    """A stored state whose head is ``head`` (events of one entity)."""
-    first = head[0]
-    state = State.of(
-        head={e.id: e.generation for e in head},
-        buffers={"lww": b"".join(sorted(e.id for e in head))},
-    )
-    return StoredState(EntityState(first.entity_id, first.collection, state), values or {})
-
-
-@dataclass(frozen=True)
-class History:
-    """One entity's small DAG: g; a, b on g; c on a; m on (c, b); plus a sibling s on g."""
-
-    g: AdmittedEvent
-    a: AdmittedEvent
-    b: AdmittedEvent
-    c: AdmittedEvent
-    m: AdmittedEvent
-    s: AdmittedEvent
-
-    @classmethod
-    def make(cls, collection: str = "items", n: int = 0) -> History:
-        """The DAG for entity number ``n`` of ``collection``."""
-        g = genesis(collection, n)
-        a, b, s = update([g], b"a"), update([g], b"b"), update([g], b"s")
-        c = update([a], b"c")
-        return cls(g, a, b, c, update([c, b], b"m"), s)
-
-    @property
-    def events(self) -> list[AdmittedEvent]:
-        """Every event, parents first (generation, then id)."""
-        every = [self.g, self.a, self.b, self.c, self.m, self.s]
-        return sorted(every, key=lambda e: (e.generation, e.id))
-
-    @property
-    def entity_id(self) -> EntityId:
-        """The entity's id."""
-        return self.g.entity_id
 
 
 def _key(event: AdmittedEvent) -> tuple[EventId, int, bytes]:
@@ -403,6 +341,12 @@ async def check_closed(spec: EngineSpec) -> None:
         raise AssertionError(f"{spec.name}: a closed engine still answered")
 
 
+async def check_fetch(spec: EngineSpec) -> None:
+    """``fetch`` returns exactly ``sort_rows`` over ``scan``, after updates and tombstones
+    and across a reopen (see :mod:`mycelia.storage.testing_queries`)."""
+    await check_fetch_on(spec.fresh, spec.reopen, name=spec.name)
+
+
 async def _aiter(items: Sequence[T]) -> Any:
     for item in items:
         yield item
@@ -420,6 +364,7 @@ CHECKS: dict[str, Check] = {
     "dump_load": check_dump_load,
     "reopen": check_reopen,
     "closed": check_closed,
+    "fetch": check_fetch,
 }
 """Every check by name, in the order :func:`check_engine` runs them."""
 
@@ -457,9 +402,11 @@ class EngineAgreement(RuleBasedStateMachine):
     """Drives the engines of ``specs`` in lockstep; they must agree after every step.
 
     Rules write random batches (new entities, updates on any events, re-sent events,
-    states with random values, meta records, batches that must fail) to every engine and
-    reopen the durable ones; every write must have the same outcome everywhere and all
-    engines must hold the same content (:func:`engine_content`). Build a concrete machine
+    states with random values, meta records, batches that must fail) to every engine,
+    reopen the durable ones and fetch random queries; every write must have the same
+    outcome everywhere, every fetch must equal ``sort_rows`` over that engine's scan and
+    the other engines' fetch, and all engines must hold the same content
+    (:func:`engine_content`). Build a concrete machine
     with :func:`agreement_machine`.
     """
 
@@ -515,6 +462,14 @@ class EngineAgreement(RuleBasedStateMachine):
         g = genesis(collection, 10**9)
         bad = state_of([g], {"x": object()})
         self.write_all(WriteBatch((g,), (state_of([g]), bad), (("k1", b"lost"),)))
+
+    @rule(collection=_COLLECTIONS, query=fetch_queries())
+    def fetch(self, collection: str, query: Query) -> None:
+        found = [
+            self.run(fetch_matches_scan(engine, collection, query, name=spec.name))
+            for spec, engine in zip(self.specs, self.engines, strict=True)
+        ]
+        assert all(f == found[0] for f in found), f"fetch({query}) differs: {found}"
 
     @precondition(lambda self: any(s.reopen for s in self.specs))
     @rule()

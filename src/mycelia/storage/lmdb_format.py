@@ -1,0 +1,235 @@
+"""The LMDB engine's on-disk layout, opening, decoding and error translation (§6).
+
+Layout — named databases, opened once when the engine is constructed:
+
+==================  ===========================================  ============================
+database            key                                          value
+==================  ===========================================  ============================
+``events``          event id                                     generation (8 bytes BE) +
+                                                                 canonical event bytes
+``by_entity``       entity id + generation (8 BE) + event id     empty (parents-first index)
+``states``          entity id                                    len (4 BE) + state bytes +
+                                                                 values (msgpack)
+``by_collection``   collection (UTF-8) + NUL + entity id         empty (``scan`` index)
+``by_field``        ``encode_key(collection)`` +                 empty (``fetch`` index, see
+                    ``encode_key(field)`` + value key + entity   :mod:`.lmdb_index`)
+``feed``            offset (8 BE)                                :func:`encode_feed` row
+``meta``            key (UTF-8)                                  value
+``engine``          ``format``                                   format version
+==================  ===========================================  ============================
+
+Invariants:
+
+- The format version is written once and checked on every open. Version 1 (no
+  ``by_field``) is migrated to 2 by a writable open, in one write transaction that builds
+  the field index from the stored states; a read-only open of version 1 is refused.
+- A process holds ``mycelia.lock`` (``flock``) while the store is open, so a second opener
+  gets :class:`~mycelia.errors.StorageLocked` at once; the lock dies with the process.
+- Stored events are re-hashed on read; content that does not match its key, or does not
+  decode, raises :class:`~mycelia.errors.StorageCorrupt`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import lmdb
+
+from mycelia.errors import DecodeError, StorageCorrupt, StorageError, StorageLocked, StorageReadOnly
+from mycelia.proto import AdmittedEvent, EntityState, Event, EventId
+from mycelia.retrieval import StoredState
+from mycelia.storage.engine import STORED_LIMITS, decode_values
+
+if TYPE_CHECKING:
+    Txn = lmdb.Transaction[bytes]
+
+__all__ = [
+    "FORMAT_VERSION",
+    "NAMES",
+    "Databases",
+    "Gate",
+    "admitted",
+    "last_feed_offset",
+    "open_databases",
+    "open_env",
+    "stored",
+    "stored_state",
+    "stored_values",
+    "take_lock",
+    "translate",
+]
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION: Final = b"2"
+"""The on-disk layout version (2 added ``by_field``)."""
+_MIGRATABLE: Final = b"1"
+NAMES: Final = (
+    b"events", b"by_entity", b"states", b"by_collection", b"by_field", b"feed", b"meta",
+    b"engine",
+)  # fmt: skip
+Databases = dict[bytes, "lmdb._Database"]
+
+
+class Gate:
+    """Shared for reads, exclusive for a map resize or close (a readers-writer lock)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._exclusive = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        """Hold the gate shared (many readers at once)."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the gate alone (waits for the readers to leave)."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._exclusive = True
+            self._cond.wait_for(lambda: not self._readers)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+def translate(exc: BaseException, what: str) -> StorageError:
+    """The typed error for an lmdb (or OS) failure."""
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError)):
+        return StorageCorrupt(f"{what}: the store is damaged or not an LMDB store: {exc}")
+    if isinstance(exc, lmdb.ReadonlyError) or (
+        isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM)
+    ):
+        return StorageReadOnly(f"{what}: the store cannot be written: {exc}")
+    if isinstance(exc, lmdb.LockError):
+        return StorageLocked(f"{what}: {exc}")
+    return StorageError(f"{what}: {exc}")
+
+
+def take_lock(path: Path, *, readonly: bool) -> int:
+    """Open and ``flock`` ``path/mycelia.lock``; returns the descriptor (the caller closes)."""
+    try:
+        if not readonly:
+            path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(
+            path / "mycelia.lock", os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT, 0o644
+        )
+    except OSError as exc:
+        raise translate(exc, f"cannot open {path}") from exc
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if readonly else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise StorageLocked(f"{path} is open in another engine (maybe another process)") from exc
+    return fd
+
+
+def open_env(
+    path: Path, *, map_size: int, max_readers: int, readonly: bool, durable: bool
+) -> lmdb.Environment:
+    """The LMDB environment at ``path``; raises a StorageError subclass."""
+    try:
+        return lmdb.open(
+            str(path), map_size=map_size, max_dbs=len(NAMES), readonly=readonly,
+            sync=durable, metasync=durable, readahead=False, max_readers=max_readers,
+            create=not readonly,
+        )  # fmt: skip
+    except (lmdb.Error, OSError) as exc:
+        raise translate(exc, f"cannot open {path}") from exc
+
+
+def open_databases(
+    env: lmdb.Environment,
+    path: Path,
+    *,
+    readonly: bool,
+    migrate: Callable[[Txn, Databases], None],
+) -> Databases:
+    """Open every named database, creating the layout or migrating version 1 (``migrate``
+    fills ``by_field`` inside the write transaction that bumps the version); closes ``env``
+    and raises (StorageCorrupt for another layout version) on failure."""
+    try:
+        engine = env.open_db(b"engine", create=not readonly)
+        with env.begin() as txn:
+            found = txn.get(b"format", db=engine)
+        if readonly and found == _MIGRATABLE:
+            raise StorageReadOnly(
+                f"{path} has layout version 1: open it writable once to migrate it to "
+                f"{FORMAT_VERSION.decode()}"
+            )
+        if found != FORMAT_VERSION and (readonly or found not in (None, _MIGRATABLE)):
+            raise StorageCorrupt(f"{path} has layout version {found!r}, not {FORMAT_VERSION!r}")
+        dbs = {name: env.open_db(name, create=not readonly) for name in NAMES}
+        if found != FORMAT_VERSION and not readonly:
+            with env.begin(write=True) as txn:
+                if found == _MIGRATABLE:
+                    log.info("migrating the LMDB store %s to layout %s", path, FORMAT_VERSION)
+                    migrate(txn, dbs)
+                txn.put(b"format", FORMAT_VERSION, db=dbs[b"engine"])
+    except (lmdb.Error, OSError, StorageError) as exc:
+        env.close()
+        raise translate(exc, f"cannot open the databases in {path}") from exc
+    return dbs
+
+
+def last_feed_offset(env: lmdb.Environment, dbs: Databases) -> int:
+    """The largest feed offset stored (0 for an empty feed)."""
+    txn: Txn = env.begin()
+    with txn:
+        cursor = txn.cursor(db=dbs[b"feed"])
+        return int.from_bytes(cursor.key(), "big") if cursor.last() else 0
+
+
+def admitted(event_id: bytes, value: bytes) -> AdmittedEvent:
+    """Decode an ``events`` value, checking that its content hashes to its key."""
+    try:
+        event = Event.from_bytes(
+            value[8:], limits=STORED_LIMITS, expect_id=EventId._trusted(event_id)
+        )
+    except DecodeError as exc:
+        raise StorageCorrupt(f"stored event {event_id.hex()} is damaged: {exc}") from exc
+    return AdmittedEvent(event, int.from_bytes(value[:8], "big"))
+
+
+def stored_state(value: bytes) -> EntityState:
+    """Decode the state of a ``states`` value (length-prefixed, then the values)."""
+    try:
+        return EntityState.from_bytes(
+            value[4 : 4 + int.from_bytes(value[:4])], limits=STORED_LIMITS
+        )
+    except DecodeError as exc:
+        raise StorageCorrupt(f"a stored state is damaged: {exc}") from exc
+
+
+def stored_values(value: bytes) -> dict[str, object]:
+    """Decode the values of a ``states`` value."""
+    return decode_values(value[4 + int.from_bytes(value[:4]) :])
+
+
+def stored(value: bytes) -> StoredState:
+    """Decode a ``states`` value whole."""
+    return StoredState(stored_state(value), stored_values(value))

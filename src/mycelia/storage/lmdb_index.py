@@ -1,0 +1,262 @@
+"""The LMDB field index (database ``by_field``) and ``fetch`` over it (ARCHITECTURE.md §6, §8).
+
+Key: the field's prefix, then the value key, then the entity id (32 bytes); value empty.
+A state's entries are :func:`~mycelia.storage.plan.index_entries` of its values. The prefix
+is ``encode_key(collection) + encode_key(field)``, or, when that is longer than
+``MAX_PREFIX``, ``0xFE`` + its SHA-256. An entry longer than LMDB's key limit (a long
+string, say) is written as a *long entry*, ``prefix + 0xFF + entity id``: no value key
+starts with 0xFF, so long entries sort after the field's others and inside no plan range.
+
+Invariants:
+
+- The index is written only by :func:`reindex`, inside the writer's transaction that
+  writes the state, from the previous values read in that same transaction: no snapshot
+  ever sees entries that disagree with its states. A migrated store gets its index from
+  :func:`build_index` in the transaction that bumps the layout version.
+- Prefixes are prefix-free (keys of strings, or 0xFE and a fixed-length hash; a SHA-256
+  collision is the one assumption): one field's entries are one contiguous range, and the
+  value keys ``[low, high)`` of a plan are the index keys ``[prefix + low, prefix + high)``.
+- A walk over a plan reads its ranges and the field's long entries (their value keys
+  recomputed from the stored values, kept if in range) merged in the walk's order.
+- An entity's collection never changes (it is fixed by its genesis), so its previous
+  entries are found under the collection of the state that replaces it.
+- :func:`fetch_in` returns exactly ``sort_rows`` over the collection: candidates are a
+  superset of the matching rows (see :mod:`mycelia.storage.plan`), the whole predicate is
+  evaluated on each, and the order is either the index walk of an ordered plan or
+  ``sort_rows`` itself.
+- With a ``budget`` it raises :class:`OverBudget` as soon as it would read more candidate
+  rows than that, so the caller can redo the read off the event loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Final
+
+from mycelia.errors import StorageCorrupt
+from mycelia.proto import EntityId
+from mycelia.proto.ids import ID_LENGTH
+from mycelia.proto.query import Placeholder, Query, encode_key, evaluate, sort_rows
+from mycelia.retrieval import StoredState
+from mycelia.storage.lmdb_format import Databases, stored_state, stored_values
+from mycelia.storage.plan import IndexPlan, KeyRange, index_entries
+
+if TYPE_CHECKING:
+    import lmdb
+
+    Txn = lmdb.Transaction[bytes]
+    Cursor = lmdb.Cursor[bytes]
+
+__all__ = [
+    "MAX_KEY",
+    "MAX_PREFIX",
+    "OverBudget",
+    "build_index",
+    "entry_keys",
+    "fetch_in",
+    "field_prefix",
+    "reindex",
+]
+
+MAX_KEY: Final = 511
+"""LMDB's key size limit (``Environment.max_key_size()`` of every standard build)."""
+MAX_PREFIX: Final = 256
+"""Longest field prefix kept as is; longer ones are hashed (so long entries always fit)."""
+_HASHED: Final = b"\xfe"
+_LONG: Final = b"\xff"
+Entry = tuple[bytes, bytes]
+"""(value key, entity id) of one index entry."""
+
+
+class OverBudget(Exception):
+    """:func:`fetch_in` would read more candidate rows than its budget allows."""
+
+
+@functools.lru_cache(maxsize=4096)
+def field_prefix(collection: str, field: str) -> bytes:
+    """The prefix of every ``by_field`` key of ``field`` in ``collection``."""
+    prefix = encode_key(collection) + encode_key(field)
+    return prefix if len(prefix) <= MAX_PREFIX else _HASHED + hashlib.sha256(prefix).digest()
+
+
+def entry_keys(collection: str, entity_id: bytes, values: Mapping[str, object]) -> frozenset[bytes]:
+    """Every ``by_field`` key of one state; raises StorageError for an unindexable value."""
+    keys = set()
+    for field, value_key in index_entries(values).items():
+        prefix = field_prefix(collection, field)
+        key = prefix + value_key + entity_id
+        keys.add(key if len(key) <= MAX_KEY else prefix + _LONG + entity_id)
+    return frozenset(keys)
+
+
+def reindex(
+    txn: Txn,
+    db: lmdb._Database,
+    *,
+    collection: str,
+    entity_id: bytes,
+    previous: bytes | None,
+    keys: frozenset[bytes],
+) -> None:
+    """Replace the entries of a state whose previous ``states`` value was ``previous``."""
+    old: frozenset[bytes] = frozenset()
+    if previous is not None:
+        old = entry_keys(collection, entity_id, stored_values(previous))
+    for key in old - keys:
+        txn.delete(key, db=db)
+    for key in keys - old:
+        txn.put(key, b"", db=db)
+
+
+def build_index(txn: Txn, dbs: Databases) -> None:
+    """Fill ``by_field`` from every stored state (the layout 1 → 2 migration)."""
+    by_field = dbs[b"by_field"]
+    for entity_id, value in txn.cursor(db=dbs[b"states"]):
+        collection = stored_state(value).collection
+        for key in entry_keys(collection, entity_id, stored_values(value)):
+            txn.put(key, b"", db=by_field)
+
+
+def fetch_in(
+    txn: Txn,
+    dbs: Databases,
+    collection: str,
+    query: Query,
+    *,
+    plan: IndexPlan | None,
+    budget: int | None,
+) -> list[StoredState]:
+    """The states of ``collection`` matching the bound ``query``, in its order, at most its
+    limit (see the module docstring); ``plan`` from ``plan_query(query)``."""
+    if plan is not None and plan.ordered:
+        return _walk_in_order(txn, dbs, collection, query, plan=plan, budget=budget)
+    if plan is None:
+        candidates = _collection_ids(txn, dbs[b"by_collection"], collection)
+    else:
+        candidates = _plan_ids(txn, dbs, collection, plan, budget)
+    ids = list(_bounded(candidates, budget))
+    states = dbs[b"states"]
+    found = ((entity_id, txn.get(entity_id, db=states)) for entity_id in ids)
+    raw = {EntityId._trusted(i): value for i, value in found if value is not None}
+    if plan is not None and len(raw) != len(ids):
+        raise StorageCorrupt(f"the field index of {collection!r} names a missing state")
+    rows = [(entity_id, stored_values(value)) for entity_id, value in raw.items()]
+    return [StoredState(stored_state(raw[i]), values) for i, values in sort_rows(rows, query)]
+
+
+def _walk_in_order(
+    txn: Txn,
+    dbs: Databases,
+    collection: str,
+    query: Query,
+    *,
+    plan: IndexPlan,
+    budget: int | None,
+) -> list[StoredState]:
+    """Walk an ordered plan's ranges in the query's order, stopping at the limit."""
+    limit = query.limit
+    assert not isinstance(limit, Placeholder)  # the caller checked the query is bound
+    states = dbs[b"states"]
+    walk = _plan_ids(txn, dbs, collection, plan, budget)
+    found: list[StoredState] = []
+    for entity_id in _bounded(walk, budget):
+        value = txn.get(entity_id, db=states)
+        if value is None:
+            raise StorageCorrupt(f"the field index of {collection!r} names a missing state")
+        values = stored_values(value)
+        if evaluate(query.predicate, values):
+            found.append(StoredState(stored_state(value), values))
+            if len(found) == limit:
+                break
+    return found
+
+
+def _bounded(ids: Iterable[bytes], budget: int | None) -> Iterator[bytes]:
+    for count, entity_id in enumerate(ids, 1):
+        if budget is not None and count > budget:
+            raise OverBudget
+        yield entity_id
+
+
+def _collection_ids(txn: Txn, db: lmdb._Database, collection: str) -> Iterator[bytes]:
+    prefix = collection.encode() + b"\0"
+    cursor = txn.cursor(db=db)
+    if cursor.set_range(prefix):
+        for key in cursor.iternext(keys=True, values=False):
+            if not key.startswith(prefix):
+                return
+            yield key[len(prefix) :]
+
+
+def _plan_ids(
+    txn: Txn, dbs: Databases, collection: str, plan: IndexPlan, budget: int | None
+) -> Iterator[bytes]:
+    """Entity ids in the plan's ranges in walk order (:meth:`IndexPlan.walk_key`): by
+    (key, id), or for a descending ordered plan by key descending, ids ascending."""
+    prefix = field_prefix(collection, plan.field)
+    cursor = txn.cursor(db=dbs[b"by_field"])
+    walk: Callable[[Cursor, bytes, KeyRange], Iterator[Entry]] = _ascending
+    ranges: Iterable[KeyRange] = plan.ranges
+    if plan.ordered and plan.descending:
+        walk, ranges = _descending, reversed(plan.ranges)
+    entries: Iterable[Entry] = itertools.chain.from_iterable(
+        walk(cursor, prefix, r) for r in ranges
+    )
+    long = _long_entries(txn, dbs, prefix, plan, budget)
+    if long:
+        entries = heapq.merge(entries, long, key=lambda entry: plan.walk_key(*entry))
+    return (entity_id for _, entity_id in entries)
+
+
+def _long_entries(
+    txn: Txn, dbs: Databases, prefix: bytes, plan: IndexPlan, budget: int | None
+) -> list[Entry]:
+    """The field's long entries whose (recomputed) value key the plan covers, sorted."""
+    start = prefix + _LONG
+    cursor = txn.cursor(db=dbs[b"by_field"])
+    found = []
+    if cursor.set_range(start):
+        for count, key in enumerate(cursor.iternext(keys=True, values=False), 1):
+            if not key.startswith(start):
+                break
+            if budget is not None and count > budget:
+                raise OverBudget
+            entity_id = key[len(start) :]
+            value = txn.get(entity_id, db=dbs[b"states"])
+            if value is None:
+                raise StorageCorrupt("the field index names a missing state")
+            value_key = encode_key(stored_values(value).get(plan.field))
+            if plan.covers(value_key):
+                found.append((value_key, entity_id))
+    return sorted(found, key=lambda entry: plan.walk_key(*entry))
+
+
+def _ascending(cursor: Cursor, prefix: bytes, span: KeyRange) -> Iterator[Entry]:
+    high = prefix + span.high
+    if cursor.set_range(prefix + span.low):
+        for key in cursor.iternext(keys=True, values=False):
+            if key >= high:
+                return
+            yield key[len(prefix) : -ID_LENGTH], key[-ID_LENGTH:]
+
+
+def _descending(cursor: Cursor, prefix: bytes, span: KeyRange) -> Iterator[Entry]:
+    low = prefix + span.low
+    positioned = cursor.prev() if cursor.set_range(prefix + span.high) else cursor.last()
+    group_key = b""
+    group: list[bytes] = []
+    while positioned:
+        key = cursor.key()
+        if key < low:
+            break
+        if key[len(prefix) : -ID_LENGTH] != group_key:
+            # Walked backwards, one key's ids came descending: give them ascending.
+            yield from ((group_key, entity_id) for entity_id in reversed(group))
+            group_key, group = key[len(prefix) : -ID_LENGTH], []
+        group.append(key[-ID_LENGTH:])
+        positioned = cursor.prev()
+    yield from ((group_key, entity_id) for entity_id in reversed(group))

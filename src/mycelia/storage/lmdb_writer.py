@@ -1,0 +1,266 @@
+"""The LMDB engine's one writer thread, with group commit (ARCHITECTURE.md §6).
+
+Invariants:
+
+- **One writer.** Every write transaction runs on the :class:`Writer`'s thread. A batch is
+  encoded by :func:`encode_batch` on the caller's thread (one that cannot be encoded
+  fails alone, before anything is queued); the caller's future is resolved only after the
+  transaction holding its batch has committed — with ``durable=True`` that commit
+  includes the fsync, so an acknowledged write survives a crash.
+- **Group commit.** The writer takes every batch queued while it was busy and commits them
+  in one transaction and one fsync. If a group fails, its batches are retried one
+  transaction each: a bad batch fails alone, and each batch stays atomic.
+- **Feed.** The writer owns the offset counter (:attr:`Writer.last_offset`): offsets are
+  assigned in commit order, one per state, strictly increasing and without gaps; a failed
+  transaction assigns none. :attr:`Writer.commits` is bumped after every commit (and map
+  resize), before any caller is released, so readers can tell their snapshot is old.
+- **Indexes** (``by_collection``, ``by_field``) are written in the transaction that writes
+  their state (see :mod:`.lmdb_index`).
+- **Map size** grows on demand: a transaction that hits ``MapFullError`` is aborted, the map
+  is doubled while no read transaction is open (the :class:`Gate` taken exclusively) and
+  the transaction is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import lmdb
+
+from mycelia.errors import StorageError
+from mycelia.proto import EntityState, EventId
+from mycelia.retrieval import WriteBatch, WriteResult
+from mycelia.storage.engine import FeedSignal, encode_feed, encode_values
+from mycelia.storage.lmdb_format import Databases, Gate, translate
+from mycelia.storage.lmdb_index import entry_keys, reindex
+
+if TYPE_CHECKING:
+    Txn = lmdb.Transaction[bytes]
+
+__all__ = ["MAX_GROUP", "Encoded", "Writer", "encode_batch"]
+
+log = logging.getLogger(__name__)
+
+MAX_GROUP: Final = 512
+"""Most batches one group-commit transaction takes."""
+_STOP: Final = None
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedState:
+    """One state as the writer puts it."""
+
+    key: bytes  # the entity id
+    value: bytes  # the ``states`` value
+    collection: str
+    feed: bytes  # the feed row
+    index: frozenset[bytes]  # its ``by_field`` keys
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A write batch as the writer puts it: keys and values, ready to write."""
+
+    events: tuple[tuple[EventId, bytes, bytes], ...]  # id, by_entity key, value
+    states: tuple[EncodedState, ...]
+    meta: tuple[tuple[bytes, bytes | None], ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.states or self.meta)
+
+
+@dataclass(slots=True)
+class _Request:
+    batch: Encoded
+    future: asyncio.Future[WriteResult]
+    loop: asyncio.AbstractEventLoop
+
+
+def encode_batch(batch: WriteBatch) -> Encoded:
+    """Encode a batch; raises StorageError (nothing queued) if any part cannot be stored."""
+    events = tuple(
+        (
+            e.id,
+            e.entity_id + e.generation.to_bytes(8, "big") + e.id,
+            e.generation.to_bytes(8, "big") + e.event.to_bytes(),
+        )
+        for e in batch.events
+    )
+    states = []
+    for stored in batch.states:
+        state = stored.state
+        if not isinstance(state, EntityState):
+            raise StorageError("a write batch holds something that is not a state")
+        raw = state.to_bytes()
+        value = len(raw).to_bytes(4, "big") + raw + encode_values(stored.values)
+        entity = bytes(state.entity_id)
+        feed = encode_feed(state.entity_id, state.collection, state.state.head)
+        index = entry_keys(state.collection, entity, stored.values)
+        states.append(EncodedState(entity, value, state.collection, feed, index))
+    meta = tuple((k.encode(), v) for k, v in batch.meta)
+    return Encoded(events, tuple(states), meta)
+
+
+class Writer:
+    """The writer thread of one store (see the module docstring)."""
+
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        dbs: Databases,
+        *,
+        gate: Gate,
+        news: FeedSignal,
+        path: Path,
+        last_offset: int,
+    ) -> None:
+        self.env = env
+        self.dbs = dbs
+        self.gate = gate
+        self.news = news
+        self.path = path
+        self.last_offset = last_offset
+        """The largest committed offset."""
+        self.commits = 0
+        """Committed write transactions (and map resizes) so far."""
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._thread = threading.Thread(
+            target=self._loop, name=f"mycelia-lmdb-writer:{self.path}", daemon=True
+        )
+        self._thread.start()
+
+    async def submit(self, batch: Encoded) -> WriteResult:
+        """Queue ``batch``; returns once its transaction has committed (raises if it failed)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[WriteResult] = loop.create_future()
+        self._queue.put(_Request(batch, future, loop))
+        return await future
+
+    async def stop(self) -> None:
+        """Finish the queued batches and stop the thread."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    def _loop(self) -> None:
+        """Take a group of queued batches, commit, release the callers; until stopped."""
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is _STOP:
+                break
+            group = [first]
+            while len(group) < MAX_GROUP:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stopping = True
+                    break
+                group.append(item)
+            self._commit_group(group)
+
+    def _commit_group(self, group: list[_Request]) -> None:
+        outcomes: list[WriteResult | BaseException]
+        try:
+            outcomes = list(self._transaction([r.batch for r in group]))
+        except Exception as exc:  # noqa: BLE001 - every failure is reported to its caller
+            if len(group) == 1:
+                outcomes = [translate(exc, "write failed")]
+            else:
+                log.warning(
+                    "group commit of %d batches failed (%s); retrying one by one", len(group), exc
+                )
+                outcomes = [self._one(r.batch) for r in group]
+        by_loop: dict[
+            asyncio.AbstractEventLoop,
+            list[tuple[asyncio.Future[WriteResult], WriteResult | BaseException]],
+        ] = {}
+        for request, outcome in zip(group, outcomes, strict=True):
+            by_loop.setdefault(request.loop, []).append((request.future, outcome))
+        for loop, items in by_loop.items():
+            with suppress(RuntimeError):  # the caller's loop is closed; nobody is waiting
+                loop.call_soon_threadsafe(_resolve, items)
+        self.news.notify()
+
+    def _one(self, batch: Encoded) -> WriteResult | BaseException:
+        try:
+            return self._transaction([batch])[0]
+        except Exception as exc:  # noqa: BLE001 - reported to the batch's caller
+            return translate(exc, "write failed")
+
+    def _transaction(self, batches: list[Encoded]) -> list[WriteResult]:
+        """Commit ``batches`` in one transaction, growing the map as needed."""
+        while True:
+            offset = self.last_offset
+            try:
+                with self.env.begin(write=True) as txn:
+                    results = []
+                    for batch in batches:
+                        result, offset = self._put(txn, batch, offset)
+                        results.append(result)
+            except lmdb.MapFullError:
+                self._grow()
+                continue
+            self.last_offset = offset
+            self.commits += 1
+            return results
+
+    def _put(self, txn: Txn, batch: Encoded, offset: int) -> tuple[WriteResult, int]:
+        dbs = self.dbs
+        new = []
+        for event_id, index_key, value in batch.events:
+            if txn.put(event_id, value, db=dbs[b"events"], overwrite=False):
+                txn.put(index_key, b"", db=dbs[b"by_entity"])
+                new.append(event_id)
+        offsets = []
+        for state in batch.states:
+            previous = txn.replace(state.key, state.value, db=dbs[b"states"])
+            if previous is None:
+                collection_key = state.collection.encode() + b"\0" + state.key
+                txn.put(collection_key, b"", db=dbs[b"by_collection"])
+            reindex(
+                txn, dbs[b"by_field"], collection=state.collection, entity_id=state.key,
+                previous=previous, keys=state.index,
+            )  # fmt: skip
+            offset += 1
+            txn.put(offset.to_bytes(8, "big"), state.feed, db=dbs[b"feed"], append=True)
+            offsets.append(offset)
+        for name, content in batch.meta:
+            if content is None:
+                txn.delete(name, db=dbs[b"meta"])
+            else:
+                txn.put(name, content, db=dbs[b"meta"])
+        return WriteResult(frozenset(new), tuple(offsets)), offset
+
+    def _grow(self) -> None:
+        with self.gate.exclusive():
+            size = self.env.info()["map_size"] * 2
+            log.info("growing the LMDB map of %s to %d bytes", self.path, size)
+            # An idle cached read transaction survives the remap (LMDB 0.9 finds pages
+            # through the environment's current map); the bump renews it anyway.
+            self.env.set_mapsize(size)
+            self.commits += 1
+
+
+def _resolve(items: list[tuple[asyncio.Future[WriteResult], WriteResult | BaseException]]) -> None:
+    for future, outcome in items:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

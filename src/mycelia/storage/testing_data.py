@@ -1,0 +1,80 @@
+"""Deterministic building blocks for the storage conformance suite (ARCHITECTURE.md §6).
+
+Events, one entity's small DAG (:class:`History`) and stored states, all deterministic: the
+same arguments give byte-identical events, so engines driven with them can be compared.
+Re-exported by :mod:`mycelia.storage.testing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, State
+from mycelia.retrieval import StoredState
+
+__all__ = ["History", "genesis", "state_of", "update"]
+
+
+def genesis(collection: str = "items", n: int = 0) -> AdmittedEvent:
+    """A deterministic genesis (``n`` picks the nonce, so the entity)."""
+    event = Event.genesis(
+        collection=collection,
+        system=None,
+        operations={"lww": [b"genesis %d" % n]},
+        nonce=n.to_bytes(16, "big"),
+    )
+    return AdmittedEvent(event, 1)
+
+
+def update(parents: Sequence[AdmittedEvent], tag: bytes) -> AdmittedEvent:
+    """An update on ``parents`` (one entity), with its generation."""
+    first = parents[0]
+    event = Event.update(
+        entity_id=first.entity_id,
+        collection=first.collection,
+        parent=Clock(p.id for p in parents),
+        operations={"lww": [tag]},
+    )
+    return AdmittedEvent(event, 1 + max(p.generation for p in parents))
+
+
+def state_of(head: Sequence[AdmittedEvent], values: dict[str, object] | None = None) -> StoredState:
+    """A stored state whose head is ``head`` (events of one entity)."""
+    first = head[0]
+    state = State.of(
+        head={e.id: e.generation for e in head},
+        buffers={"lww": b"".join(sorted(e.id for e in head))},
+    )
+    return StoredState(EntityState(first.entity_id, first.collection, state), values or {})
+
+
+@dataclass(frozen=True)
+class History:
+    """One entity's small DAG: g; a, b on g; c on a; m on (c, b); plus a sibling s on g."""
+
+    g: AdmittedEvent
+    a: AdmittedEvent
+    b: AdmittedEvent
+    c: AdmittedEvent
+    m: AdmittedEvent
+    s: AdmittedEvent
+
+    @classmethod
+    def make(cls, collection: str = "items", n: int = 0) -> History:
+        """The DAG for entity number ``n`` of ``collection``."""
+        g = genesis(collection, n)
+        a, b, s = update([g], b"a"), update([g], b"b"), update([g], b"s")
+        c = update([a], b"c")
+        return cls(g, a, b, c, update([c, b], b"m"), s)
+
+    @property
+    def events(self) -> list[AdmittedEvent]:
+        """Every event, parents first (generation, then id)."""
+        every = [self.g, self.a, self.b, self.c, self.m, self.s]
+        return sorted(every, key=lambda e: (e.generation, e.id))
+
+    @property
+    def entity_id(self) -> EntityId:
+        """The entity's id."""
+        return self.g.entity_id

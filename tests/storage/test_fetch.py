@@ -1,0 +1,212 @@
+"""``fetch`` on every engine: the shared query case file, and each engine's pushdown.
+
+The case file (``tests/proto/query/cases.json``) is the contract of ARCHITECTURE.md §8:
+every engine loads its rows (row id N is the entity id ``bytes([N]) * 32``) and must return
+each case's expected ids, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import psycopg
+import pytest
+from psycopg import sql
+
+from mycelia.errors import InvalidArgument, StorageReadOnly
+from mycelia.proto import EntityId, EntityState, State
+from mycelia.proto.query import And, IsNull, Query, parse
+from mycelia.retrieval import StoredState, WriteBatch
+from mycelia.storage import MemoryStorage, StorageEngine
+from mycelia.storage.lmdb import LARGE_READ, LmdbStorage
+from mycelia.storage.lmdb_index import OverBudget, fetch_in
+from mycelia.storage.plan import plan_query
+from mycelia.storage.testing import EngineSpec, genesis, state_of
+from mycelia.storage.testing_queries import fetch_matches_scan
+from tests.proto.query.test_cases import CASES_FILE
+from tests.storage.conftest import PostgresSchemas
+
+_DATA: dict[str, Any] = json.loads(CASES_FILE.read_text(encoding="utf-8"))
+
+
+def case_row(n: int, values: dict[str, object], collection: str = "cases") -> StoredState:
+    """Row ``n`` of the case file as a stored state of entity ``bytes([n]) * 32``."""
+    head = genesis(collection, n)
+    state = State.of(head={head.id: 1}, buffers={})
+    return StoredState(EntityState(EntityId._trusted(bytes([n]) * 32), collection, state), values)
+
+
+def live_only(query: Query) -> Query:
+    """What the node asks for: the query restricted to entities without a tombstone."""
+    return Query(And((query.predicate, IsNull(("_deleted",)))), query.order_by, query.limit)
+
+
+async def test_every_engine_returns_each_case_of_the_shared_file(engine_spec: EngineSpec) -> None:
+    engine = await engine_spec.fresh()
+    try:
+        rows = tuple(case_row(row["id"], row["values"]) for row in _DATA["rows"])
+        # A neighbouring collection with the same fields must never leak into results.
+        noise = tuple(case_row(100 + row["id"], row["values"], "noise") for row in _DATA["rows"])
+        await engine.write(WriteBatch(states=rows + noise))
+        wrong = []
+        for case in _DATA["cases"]:
+            query = parse(case["query"]).bind(*case["args"])
+            for each in (query, live_only(query)):
+                got = [s.state.entity_id[0] for s in await engine.fetch("cases", each)]
+                if got != case["expected"]:
+                    wrong.append(f"{each}: got {got}, expected {case['expected']}")
+        assert not wrong, f"{engine_spec.name} disagrees with the case file:\n" + "\n".join(wrong)
+    finally:
+        await engine.close()
+
+
+async def test_fetch_refuses_an_unbound_query_on_every_engine(engine_spec: EngineSpec) -> None:
+    engine = await engine_spec.fresh()
+    try:
+        with pytest.raises(InvalidArgument):
+            await engine.fetch("items", parse("x > ? ORDER BY x LIMIT 3"))
+    finally:
+        await engine.close()
+
+
+async def test_descending_ties_come_in_id_order_across_a_limit(engine_spec: EngineSpec) -> None:
+    engine = await engine_spec.fresh()
+    try:
+        states = tuple(state_of([genesis("items", n)], {"x": n % 3}) for n in range(30))
+        await engine.write(WriteBatch(states=states))
+        for limit in (1, 5, 10, 11, 25, 40):
+            for text in ("x >= 0 ORDER BY x DESC", "x IN (0, 2) ORDER BY x DESC"):
+                query = parse(f"{text} LIMIT {limit}")
+                got = await fetch_matches_scan(engine, "items", query, name=engine_spec.name)
+                assert len(got) == min(limit, 30 if "IN" not in text else 20)
+    finally:
+        await engine.close()
+
+
+async def test_an_ordered_walk_past_many_rejected_rows_is_exact(engine_spec: EngineSpec) -> None:
+    engine = await engine_spec.fresh()
+    try:
+        states = tuple(
+            state_of([genesis("items", n)], {"x": n // 4, "g": n % 10}) for n in range(600)
+        )
+        await engine.write(WriteBatch(states=states))
+        for text in (
+            "x >= 3 AND g = 7 ORDER BY x LIMIT 5",
+            "x < 140 AND g = 7 ORDER BY x DESC LIMIT 12",
+            "x IN (1, 50, 149) AND g > 5 ORDER BY x DESC LIMIT 3",
+            "x > 0 AND g = 99 ORDER BY x LIMIT 1",
+        ):
+            await fetch_matches_scan(engine, "items", parse(text), name=engine_spec.name)
+    finally:
+        await engine.close()
+
+
+@pytest.mark.postgres
+async def test_a_schema_1_database_gets_its_field_index_when_migrated(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    from mycelia.storage.postgres import SCHEMA_VERSION, PostgresStorage  # noqa: PLC0415
+
+    schema = pg_schemas.new_schema()
+    storage = await PostgresStorage(pg_schemas.dsn, schema=schema).open()
+    states = tuple(state_of([genesis("items", n)], {"x": n, "s": str(n)}) for n in range(50))
+    await storage.write(WriteBatch(states=states))
+    await storage.close()
+    async with await psycopg.AsyncConnection.connect(pg_schemas.dsn, autocommit=True) as conn:
+        s = sql.Identifier(schema)
+        await conn.execute(sql.SQL("DROP TABLE {}.field_keys").format(s))
+        await conn.execute(sql.SQL("UPDATE {}.version SET version = 1").format(s))
+    storage = await PostgresStorage(pg_schemas.dsn, schema=schema).open()
+    try:
+        query = parse("x >= 40 ORDER BY x DESC LIMIT 3")
+        assert [s.values["x"] for s in await storage.fetch("items", query)] == [49, 48, 47]
+        await fetch_matches_scan(storage, "items", parse("s = '7'"), name="postgres")
+        async with await psycopg.AsyncConnection.connect(pg_schemas.dsn) as conn:
+            cursor = await conn.execute(sql.SQL("SELECT version FROM {}.version").format(s))
+            assert await cursor.fetchall() == [(SCHEMA_VERSION,)]
+    finally:
+        await storage.close()
+
+
+async def lmdb_with_rows(path: Path, count: int, *, batch: int = 5000) -> LmdbStorage:
+    storage = LmdbStorage(path, durable=False, map_size=1 << 28)
+    for start in range(0, count, batch):
+        states = tuple(
+            state_of([genesis("rows", n)], {"x": (n * 7919) % count - count // 2, "g": n % 10})
+            for n in range(start, min(count, start + batch))
+        )
+        await storage.write(WriteBatch(states=states))
+    return storage
+
+
+async def test_a_fetch_with_many_candidates_is_exact_past_the_inline_budget(
+    tmp_path: Path,
+) -> None:
+    storage = await lmdb_with_rows(tmp_path / "s", 3 * LARGE_READ)
+    try:
+        large = parse("x > -100000 ORDER BY x")
+        with pytest.raises(OverBudget):  # so fetch redoes it in a worker thread
+            storage._read(
+                lambda txn: fetch_in(
+                    txn, storage._dbs, "rows", large, plan=plan_query(large), budget=LARGE_READ
+                )
+            )
+        for query in (large, parse("g = 3 ORDER BY x DESC"), parse("x > 0 AND g != 1"), Query()):
+            await fetch_matches_scan(storage, "rows", query, name="lmdb")
+        small = await storage.fetch("rows", parse("x >= 0 ORDER BY x LIMIT 20"))
+        assert [s.values["x"] for s in small] == list(range(20))
+    finally:
+        await storage.close()
+
+
+async def test_a_layout_1_store_is_migrated_by_a_writable_open(tmp_path: Path) -> None:
+    states = tuple(state_of([genesis("items", n)], {"x": n, "s": str(n)}) for n in range(50))
+    storage = LmdbStorage(tmp_path / "s", durable=False)
+    await storage.write(WriteBatch(states=states))
+    await storage.close()
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=8)  # back to layout 1: no field index
+    with env.begin(write=True) as txn:
+        txn.drop(env.open_db(b"by_field", txn=txn), delete=True)
+        txn.put(b"format", b"1", db=env.open_db(b"engine", txn=txn))
+    env.close()
+    with pytest.raises(StorageReadOnly, match="layout version 1"):
+        LmdbStorage(tmp_path / "s", readonly=True)
+    storage = LmdbStorage(tmp_path / "s", durable=False)
+    try:
+        query = parse("x >= 40 ORDER BY x DESC LIMIT 3")
+        await fetch_matches_scan(storage, "items", query, name="lmdb")
+        assert [s.values["x"] for s in await storage.fetch("items", query)] == [49, 48, 47]
+        await storage.write(WriteBatch(states=(state_of([genesis("items", 48)], {"x": 1}),)))
+        assert [s.values["x"] for s in await storage.fetch("items", query)] == [49, 47, 46]
+    finally:
+        await storage.close()
+
+
+@pytest.mark.slow
+async def test_a_range_fetch_over_100000_entities_reads_the_index_not_the_rows(
+    tmp_path: Path,
+) -> None:
+    storage = await lmdb_with_rows(tmp_path / "s", 100_000)
+    try:
+        query = parse("x > ? AND x < ? ORDER BY x LIMIT 20")
+        times = []
+        for low in range(-50_000, 50_000, 5_000):
+            start = time.perf_counter()
+            found = await storage.fetch("rows", query.bind(low, low + 1000))
+            times.append(time.perf_counter() - start)
+            assert [s.values["x"] for s in found] == list(range(low + 1, low + 21))
+        assert sorted(times)[len(times) // 2] <= 5e-3
+    finally:
+        await storage.close()
+
+
+async def test_memory_fetch_is_the_reference_executor() -> None:
+    engine: StorageEngine = MemoryStorage()
+    states = tuple(state_of([genesis("items", n)], {"x": -n, "y": [n]}) for n in range(10))
+    await engine.write(WriteBatch(states=states))
+    found = await engine.fetch("items", parse("x > -5 ORDER BY y DESC LIMIT 2"))
+    assert [s.values["x"] for s in found] == [-4, -3]
