@@ -12,10 +12,14 @@ Run: ``python -m benches.bench_queries``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import signal
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 
 import mycelia
 from benches.harness import Table, fmt_time, verdict
@@ -90,22 +94,54 @@ async def live_queries_case(queries: int, *, pinned: bool) -> tuple[float, float
 
 
 async def subscription_case(matching: int) -> float:
-    server_node = await populated(MemoryStorage(), matching)
-    server = await mycelia.serve(server_node, host="127.0.0.1", port=0)
-    times = []
-    for _ in range(5):
-        client = await Node.open(MemoryStorage(), durable=False)
-        await mycelia.connect(client, f"ws://127.0.0.1:{server.port}")
-        await client.wait_ready(timeout=30)
-        start = time.perf_counter()
-        async with client.context().query(Row, "x >= ?", -1_000_000) as live:
-            elapsed = time.perf_counter() - start
-            assert len(live.items) == matching
-        times.append(elapsed)
-        await client.close()
-    await server.close()
-    await server_node.close()
+    """A fresh client subscribes to ``matching`` entities held by a ``mycelia serve`` process."""
+    with tempfile.TemporaryDirectory() as data:
+        async with served(data) as url:
+            writer = await Node.open(MemoryStorage(), durable=False)
+            await mycelia.connect(writer, url)
+            await writer.wait_ready(timeout=30)
+            rng = random.Random(5)
+            async with writer.context().transaction() as trx:
+                for i in range(matching):
+                    trx.create(Row, x=rng.randint(-999_999, 999_999), group=i % 1000, label=f"r{i}")
+            await writer.close()
+            times = []
+            for _ in range(5):
+                client = await Node.open(MemoryStorage(), durable=False)
+                await mycelia.connect(client, url)
+                await client.wait_ready(timeout=30)
+                start = time.perf_counter()
+                async with client.context().query(Row, "x >= ?", -1_000_000) as live:
+                    elapsed = time.perf_counter() - start
+                    assert len(live.items) == matching
+                times.append(elapsed)
+                await client.close()
     return statistics.median(times)
+
+
+@contextlib.asynccontextmanager
+async def served(data: str) -> AsyncIterator[str]:
+    """A ``mycelia serve`` process on LMDB in ``data``; yields its URL."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "mycelia.cli",
+        "--log-level",
+        "WARNING",
+        "serve",
+        "--data",
+        data,
+        "--port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    line = await process.stdout.readline()
+    try:
+        yield line.decode().split()[-1]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await process.wait()
 
 
 async def run() -> None:

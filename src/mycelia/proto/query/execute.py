@@ -3,7 +3,9 @@
 Invariants:
 
 - :func:`sort_rows` is the reference result of a query over a set of rows; every storage
-  engine's pushdown must return exactly its list (the shared case file pins it).
+  engine's pushdown must return exactly its list (the shared case file pins it). It
+  evaluates the compiled form of the predicate, which a property test holds equal to
+  :func:`~mycelia.proto.query.evaluate.evaluate`.
 - Rows are ordered by their :func:`~mycelia.proto.query.keys.order_key` bytes, then by id
   bytes ascending; LIMIT keeps the first ``limit`` rows of that order.
 """
@@ -15,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
 from mycelia.errors import InvalidArgument
-from mycelia.proto.query.evaluate import evaluate
+from mycelia.proto.query.compile import compile_predicate
 from mycelia.proto.query.keys import order_key
 from mycelia.proto.query.query import Query
 from mycelia.proto.query.syntax import Placeholder
@@ -34,11 +36,11 @@ def sort_rows(rows: Iterable[tuple[IdT, RowT]], query: Query) -> list[tuple[IdT,
     """
     if query.placeholders:
         raise InvalidArgument("the query has an unbound '?': call Query.bind first")
-    predicate, order_by = query.predicate, query.order_by
+    matches, order_by = compile_predicate(query.predicate), query.order_by
     keyed = [
         (order_key(values, order_by), bytes(row_id), row_id, values)
         for row_id, values in rows
-        if evaluate(predicate, values)
+        if matches(values)
     ]
     limit = query.limit
     assert not isinstance(limit, Placeholder)
