@@ -307,3 +307,18 @@ async def test_a_transaction_that_only_deletes_text_persists_the_deletion() -> N
     await replica.join_system(await node.system_events())
     await replica.ingest(await node.context().history(Album, album.id))
     assert str((await replica.context().get(Album, album.id)).name) == "hello"
+
+
+class Folder(Model, collection="folders"):
+    name: str
+    parent: Ref[Folder] | None
+
+
+async def test_a_model_may_refer_to_itself() -> None:
+    node = await durable_node()
+    async with node.context().transaction() as trx:
+        root = trx.create(Folder, name="root")
+        child = trx.create(Folder, name="child", parent=root)
+    view = await node.context().get(Folder, child.id)
+    assert view.parent == root.id
+    assert isinstance(view.parent, Ref)

@@ -375,7 +375,10 @@ class Applier:
             raise
         result.stored.extend(events)
         for plan in plans:
-            if plan.applied or (states_only and plan.changed):
+            # A snapshot that only moves the head, or creates an entity with no values yet,
+            # is still a change: live queries and subscribers must hear of it.
+            moved = plan.changed or plan.before.head != plan.entity.head
+            if plan.applied or (states_only and moved):
                 result.changes.append(
                     EntityChange(
                         plan.before,

@@ -61,6 +61,7 @@ class Entity:
         "_clock",
         "_head",
         "_snapshot",
+        "_text_ids",
         "collection",
         "entity_id",
     )
@@ -78,6 +79,7 @@ class Entity:
         self._backends = backends
         self._snapshot: Snapshot | None = None  # valid until the next change
         self._clock: Clock | None = None  # the head as a Clock, until it changes
+        self._text_ids: ClientIds | None = None  # where a fork's new text backend gets its id
 
     @classmethod
     def empty(cls, entity_id: EntityId, collection: str) -> Entity:
@@ -157,7 +159,10 @@ class Entity:
         """The backend called ``name``, created empty on first use."""
         backend = self._backends.get(name)
         if backend is None:
-            backend = self._backends[name] = _backend_class(name).empty()
+            if name == TextBackend.name:
+                backend = self._backends[name] = TextBackend.empty(self._text_ids)
+            else:
+                backend = self._backends[name] = _backend_class(name).empty()
         # A caller may edit through the backend (drafts do): the snapshot cannot be trusted.
         self._snapshot = None
         return backend
@@ -186,7 +191,9 @@ class Entity:
                 backends[name] = backend.fork(text_ids)
             else:
                 backends[name] = backend.fork()
-        return Entity(self.entity_id, self.collection, dict(self._head), backends)
+        fork = Entity(self.entity_id, self.collection, dict(self._head), backends)
+        fork._text_ids = text_ids  # a text backend created on the fork later draws from it
+        return fork
 
     def prepare_text(self, ids: ClientIds) -> None:
         """Create the (empty) text backend now, drawing its client id from ``ids``."""

@@ -217,7 +217,12 @@ class Model:
         if not NAME_PATTERN.match(name) or name.startswith("_mycelia_"):
             raise InvalidArgument(f"{name!r} is not a valid collection name for {cls.__name__}")
         cls.__collection__ = name
-        cls._fields = _declared_fields(cls)
+        try:
+            cls._fields = _declared_fields(cls)
+        except NameError:
+            # A forward reference to a class not defined yet (``Ref["Self"]``): resolve the
+            # fields on first use instead, once the module has been executed.
+            cls._fields = _LazyFields()  # type: ignore[assignment]
         cls._mutable_class = type(
             f"Mutable{cls.__name__}", (cls,), {"_is_mutable_class": True, "__slots__": ()}
         )
@@ -282,6 +287,17 @@ class Model:
         return self.__dict__ == other.__dict__
 
     __hash__ = None  # type: ignore[assignment]
+
+
+class _LazyFields:
+    """A model's fields, resolved on first access (see ``Model.__init_subclass__``)."""
+
+    def __get__(self, obj: object, owner: type[Model]) -> dict[str, FieldSpec]:
+        fields = _declared_fields(owner)
+        for klass in owner.__mro__:
+            if klass.__dict__.get("_fields") is self:
+                setattr(klass, "_fields", fields)  # noqa: B010 - replace the placeholder for good
+        return fields
 
 
 def _declared_fields(cls: type[Model]) -> dict[str, FieldSpec]:

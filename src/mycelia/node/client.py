@@ -232,6 +232,8 @@ class Connection:
             changes.extend((await self.node.applier.ingest_states(states)).changes)
         if events:
             result = await self.node.applier.ingest(events)
+            for entity_id, error in result.errors.items():
+                log.warning("the server sent events for %s that were refused: %s", entity_id, error)
             changes.extend(result.changes)
             changes.extend(await self._fill_gaps(result))
         self.node.notify(changes)

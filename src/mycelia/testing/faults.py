@@ -1,0 +1,103 @@
+"""Faults injected at the edges: failing storage writes, and a deliberately broken merge rule.
+
+- :class:`FaultyStorage` is a real :class:`~mycelia.storage.MemoryStorage` whose next
+  ``write`` can be made to fail with :class:`~mycelia.errors.StorageError` (a disk that
+  refuses a write). The failed batch changes nothing (the engine checks a batch before it
+  applies it), so the node above must leave no trace of the operation either
+  (ARCHITECTURE.md §1 priority 2, §5 step 5).
+- :func:`broken_lww` plants a bug on purpose, for the duration of a ``with`` block: LWW
+  registers keep the **last applied** write instead of the one with the largest
+  (generation, event id). Replicas that apply concurrent writes in different orders then
+  diverge, which the invariant checkers must report — a kit that cannot fail is worthless.
+  It patches a class attribute of the LWW backend: a test-only fault injection, never for
+  production code.
+
+- :func:`pin_fallback_text_ids` pins the one piece of entropy a node does not take from
+  its injected ``rng``: the Yrs client ids of text documents created outside a
+  transaction's fork (see its docstring). Pinning entropy is what a mock may do here.
+
+Invariant: outside the ``with`` block (or after :meth:`FaultyStorage.disarm`) behaviour is
+exactly the real one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from mycelia.entity.backends import text as text_backend
+from mycelia.entity.backends.lww import LwwBackend
+from mycelia.errors import StorageError
+from mycelia.proto import AdmittedEvent
+from mycelia.retrieval import WriteBatch, WriteResult
+from mycelia.storage import MemoryStorage
+
+__all__ = ["FaultyStorage", "InjectedFailure", "broken_lww", "pin_fallback_text_ids"]
+
+
+class InjectedFailure(StorageError):
+    """The storage write failed because a test asked it to."""
+
+
+class FaultyStorage(MemoryStorage):
+    """A MemoryStorage whose next writes can be made to fail (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures_armed = 0
+        self.failed = 0
+        """Writes refused so far."""
+
+    def arm(self, count: int = 1) -> None:
+        """Make the next ``count`` writes raise :class:`InjectedFailure`."""
+        self.failures_armed = count
+
+    def disarm(self) -> None:
+        """Let writes succeed again."""
+        self.failures_armed = 0
+
+    async def write(self, batch: WriteBatch) -> WriteResult:
+        """Write the batch, or refuse it whole if a failure is armed."""
+        if self.failures_armed:
+            self.failures_armed -= 1
+            self.failed += 1
+            raise InjectedFailure("injected storage failure: the write did not happen")
+        return await super().write(batch)
+
+
+@contextmanager
+def broken_lww() -> Iterator[None]:
+    """Within the block, LWW keeps the last applied write: replicas diverge (test-only).
+
+    Every write is presented to the real rule with a rank larger than any before it (a
+    rising counter instead of its generation), so whatever is applied last wins — without
+    touching the backend's internals.
+    """
+    original = LwwBackend.apply
+    ranks = itertools.count(1 << 40)
+
+    def last_applied_wins(
+        self: LwwBackend, event: AdmittedEvent, diffs: tuple[bytes, ...]
+    ) -> set[str]:
+        return original(self, AdmittedEvent(event.event, next(ranks)), diffs)
+
+    LwwBackend.apply = last_applied_wins  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LwwBackend.apply = original  # type: ignore[method-assign]
+
+
+def pin_fallback_text_ids(seed: str | None) -> None:
+    """Seed the client ids Yrs documents get when no :class:`ClientIds` is passed.
+
+    A node draws text client ids from its injected ``rng``, except for a text document
+    created lazily (``Entity.backend("text")`` → ``TextBackend.empty()``), which draws from
+    a module-level generator seeded from the OS — in particular the first text edit of an
+    entity that had no text yet, whose fork has no text backend to copy. Its client id ends
+    up in the event's Yrs update, so without this a seeded simulation is not reproducible.
+    ``None`` re-seeds from the OS. (Reported upstream: ``Entity.fork`` could create the
+    text backend from ``text_ids`` when it is missing.)
+    """
+    text_backend._DEFAULT_IDS._rng.seed(seed)
