@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from pycrdt import Doc, Text
 from mycelia.entity.backends import LwwBackend, OpaqueBackend, TextBackend
 from mycelia.entity.backends.lww import encode_diff
 from mycelia.entity.backends.testing import check_backend
+from mycelia.entity.backends.text import ClientIds
 from mycelia.entity.values import encode_value
 from mycelia.errors import DecodeError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, Event
@@ -77,6 +79,27 @@ def test_text_passes_the_conformance_suite(writers: int) -> None:
     shape = DagShape(((), *((0,) for _ in range(writers))))
     events = history(shape, lambda i: {"text": [updates[i]]})
     check_backend(TextBackend, events)  # the Yrs encoding is order independent here too
+
+
+def test_text_state_is_canonical_when_a_client_id_is_reused() -> None:
+    # A node reuses a Yrs client id once a transaction's edits are published here.
+    # Yrs squashes one client's consecutive items into a block only when they arrive
+    # together, so without the canonical re-encoding in to_state the buffer depends on
+    # whether another client's concurrent insert at the same place arrived in between.
+    ids = ClientIds(random.Random(3))
+    writer = TextBackend.empty(ids)
+    writer.insert("body", 0, "ab")
+    base = writer.take_diff()
+    ids.release(writer.client_id)
+    again = writer.fork(ids)
+    assert again.client_id == writer.client_id
+    again.insert("body", 2, "cd")
+    other = writer.fork(ClientIds(random.Random(7)))
+    assert other.client_id > writer.client_id  # orders after: its "X" goes after "cd"
+    other.insert("body", 2, "X")
+    updates = [base, again.take_diff(), other.take_diff()]
+    events = history(DagShape(((), (0,), (0,))), lambda i: {"text": [updates[i]]})
+    check_backend(TextBackend, events, orders=24)
 
 
 def test_lww_records_which_event_wrote_each_value() -> None:

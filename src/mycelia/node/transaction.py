@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 from mycelia.entity import DELETED, Entity, Snapshot
+from mycelia.entity.backends import TextBackend
 from mycelia.entity.model import Draft, Model
 from mycelia.entity.values import encode_value
 from mycelia.errors import EntityNotFound, InvalidArgument, SystemNotReady, TransactionClosed
@@ -156,12 +157,22 @@ class Transaction:
                 policy.check_event(credentials, before, after, event)
 
             await self._node.commit_local(events, check=check)
+        # Only now: after a failure part of the edits may be published somewhere (a server
+        # took them) without the resident document holding them, so the id is not reused.
+        self._release_text_ids()
 
     async def rollback(self) -> None:
         """Discard every change."""
         self._check_open()
         self._open = False
+        self._release_text_ids()
         self._drafts.clear()
+
+    def _release_text_ids(self) -> None:
+        """Give the forks' Yrs client ids back (their edits are published or discarded)."""
+        for draft in self._drafts.values():
+            if draft.entity.has_backend(TextBackend.name):
+                self._node.text_ids.release(draft.entity.text().client_id)
 
     def _events_of(self, entity_id: EntityId, draft: Draft) -> list[Event]:
         """This draft's events: its genesis (if created here), then one update of its edits."""

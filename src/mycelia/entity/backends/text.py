@@ -27,14 +27,28 @@ __all__ = ["ClientIds", "TextBackend"]
 
 
 class ClientIds:
-    """Yrs client ids for forks: fresh random 32-bit-ish ids (injectable for determinism)."""
+    """Yrs client ids for forks (injectable for determinism), leased and given back.
+
+    A Yrs document slows down with the number of client ids it has seen, so a node reuses
+    ids: a transaction leases one for its forks and releases it once its edits are either
+    published here (committed: the resident document holds every item made with it) or
+    never will be (rolled back). Two live forks never share an id.
+    """
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()  # ids, not secrets
+        self._free: list[int] = []
 
     def next(self) -> int:
-        """A client id unlikely to collide with any other replica's."""
+        """A client id no live fork holds: a released one, or a fresh random one."""
+        if self._free:
+            return self._free.pop()
         return self._rng.getrandbits(52) | 1
+
+    def release(self, client_id: int) -> None:
+        """Give back an id whose fork's edits are all published here, or discarded."""
+        if client_id not in self._free:
+            self._free.append(client_id)
 
 
 _DEFAULT_IDS = ClientIds()
@@ -66,16 +80,31 @@ class TextBackend:
         return cls(doc, doc.get_state())
 
     def to_state(self) -> bytes:
-        """The full document as one update."""
-        return bytes(self._doc.get_update())
+        """The full document as one update, canonical for its content.
+
+        Reused client ids (:class:`ClientIds`) let Yrs squash one client's consecutive
+        items into a block or not depending on how updates arrived; integrating the whole
+        document in one go squashes every block it can, so replicas holding the same items
+        encode them byte-identically (ARCHITECTURE.md §1).
+        """
+        canon: Doc[Any] = Doc(client_id=1)
+        canon.apply_update(self._doc.get_update())
+        return bytes(canon.get_update())
 
     def apply(self, event: AdmittedEvent, diffs: tuple[bytes, ...]) -> set[str]:
-        """Apply Yrs updates; returns the properties whose text changed."""
-        before = self.values()
+        """Apply Yrs updates; returns the text properties they may have changed.
+
+        (Every text root is reported: reading every text to compare costs O(document) per
+        event; consumers compare values where it matters, so over-reporting is harmless.)
+        """
         for diff in diffs:
             _apply_update(self._doc, diff)
-        after = self.values()
-        return {p for p in after if before.get(p) != after[p]}
+        return set(self._doc.keys())
+
+    @property
+    def client_id(self) -> int:
+        """The Yrs client id local edits on this copy are made with."""
+        return int(self._doc.client_id)
 
     def merge(self, other: Self) -> set[str]:
         """Apply the other document's full state (Yrs updates are idempotent)."""
