@@ -17,7 +17,7 @@ from mycelia.node.peer import PeerConnection
 from mycelia.node.session import PeerSession
 from mycelia.node.transport import memory_pair
 from mycelia.proto import DEFAULT_LIMITS, Clock, EntityId, Event, EventId
-from mycelia.proto.messages import Message, decode_frame, encode_frame
+from mycelia.proto.messages import PROTOCOL_VERSION, Message, decode_frame, encode_frame
 from mycelia.proto.peering import (
     Ack,
     CommitRequest,
@@ -48,7 +48,9 @@ async def raw(server: Server) -> ClientConnection:
     return await connect(f"ws://127.0.0.1:{server.port}", max_size=None, compression=None)
 
 
-async def handshake(ws: ClientConnection, node: Node, *, version: int = 1) -> PeerSession:
+async def handshake(
+    ws: ClientConnection, node: Node, *, version: int = PROTOCOL_VERSION
+) -> PeerSession:
     session = PeerSession(
         key=NodeKey.generate(),
         durable=False,
@@ -125,7 +127,7 @@ async def test_a_wrong_protocol_version_is_rejected_then_closed(
     frames = await closed(ws)
     rejected = [f for f in frames if isinstance(f, PresenceRejected)]
     assert rejected
-    assert rejected[0].expected_version == 1
+    assert rejected[0].expected_version == PROTOCOL_VERSION
     await still_serving(node, server)
 
 

@@ -208,3 +208,46 @@ async def test_a_snapshot_holder_places_a_concurrent_event_once_it_has_the_histo
     await e.ingest(await a.storage.events_of(album))  # the history arrives: C applies
     view = await e.context().get(Album, album)
     assert (view.year, view.artist) == (3, "y")
+
+
+async def test_a_client_catching_up_takes_the_snapshot_on_its_servers_word(
+    server: tuple[Node, Server], client: NodeFactory
+) -> None:
+    server_node, _ = server
+    a, _ = await client()
+    album = await create(server_node, name="g", artist="x", year=0)
+    await a.context().get(Album, album)  # a holds the genesis state, without events
+    for year in range(1, 41):
+        async with server_node.context().transaction() as trx:
+            (await trx.edit(Album, album)).year = year
+    view = await a.context().get(Album, album)  # a snapshot (smaller than 40 events) ...
+    assert view.year == 40
+    assert view.head == (await server_node.context().get(Album, album)).head
+    # ... that the server said descends from a's head: a walked no history to merge it.
+    assert await a.storage.events_of(album) == []
+
+
+async def test_a_snapshot_base_is_taken_only_while_the_head_is_exactly_that_base() -> None:
+    a = await Node.open(MemoryStorage(), durable=True)
+    await a.create_system()
+    album = await create(a, name="g", artist="x", year=1)
+    first = await a.storage.get_state(album)
+    async with a.context().transaction() as trx:
+        (await trx.edit(Album, album)).year = 2
+    second = await a.storage.get_state(album)
+    async with a.context().transaction() as trx:
+        (await trx.edit(Album, album)).year = 3
+    third = await a.storage.get_state(album)
+    assert first is not None
+    assert second is not None
+    assert third is not None
+    for base, width in ((first.state.head, 1), (second.state.head, 2)):
+        e = await Node.open(MemoryStorage(), durable=False)
+        await e.join_system(await a.system_events())
+        await e.applier.ingest_states([first])
+        await e.applier.ingest_states([third], bases={album: base})
+        view = await e.context().get(Album, album)
+        assert view.year == 3
+        # A base that is not e's head is ignored: without the history to compare, e keeps
+        # both heads (the usual fallback), never a head it cannot justify.
+        assert len(view.head) == width

@@ -8,14 +8,14 @@ from mycelia.errors import DecodeError, PresenceRejected, RemoteProtocolError
 from mycelia.node.identity import NodeKey
 from mycelia.node.session import TRANSITIONS, PeerSession, Received, SessionState, Verified
 from mycelia.proto import DEFAULT_LIMITS, EntityId
-from mycelia.proto.messages import decode_frame, encode_frame
+from mycelia.proto.messages import PROTOCOL_VERSION, decode_frame, encode_frame
 from mycelia.proto.peering import Ack, GetRequest, PresenceProof
 from mycelia.proto.peering import PresenceRejected as Rejected
 
 ROOT = EntityId(b"\x01" * 32)
 
 
-def pair(*, version_b: int = 1) -> tuple[PeerSession, PeerSession]:
+def pair(*, version_b: int = PROTOCOL_VERSION) -> tuple[PeerSession, PeerSession]:
     a = PeerSession(key=NodeKey.generate(), durable=True, system_root=ROOT, limits=DEFAULT_LIMITS)
     b = PeerSession(
         key=NodeKey.generate(),
@@ -67,7 +67,7 @@ def test_a_request_before_the_proof_is_a_protocol_error() -> None:
 
 
 def test_a_version_mismatch_is_rejected_with_a_frame_and_a_close() -> None:
-    a, b = pair(version_b=2)
+    a, b = pair(version_b=PROTOCOL_VERSION + 1)
     (pb,) = b.start()
     a.start()
     with pytest.raises(PresenceRejected, match="protocol"):
@@ -75,7 +75,10 @@ def test_a_version_mismatch_is_rejected_with_a_frame_and_a_close() -> None:
     (frame,) = a.take_outgoing()
     rejected = decode_frame(frame)
     assert isinstance(rejected, Rejected)
-    assert (rejected.expected_version, rejected.received_version) == (1, 2)
+    assert (rejected.expected_version, rejected.received_version) == (
+        PROTOCOL_VERSION,
+        PROTOCOL_VERSION + 1,
+    )
     assert a.state is SessionState.CLOSED
 
 

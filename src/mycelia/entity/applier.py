@@ -214,16 +214,23 @@ class Applier:
         """Merge one state snapshot from a peer; see :meth:`ingest_states`."""
         return await self.ingest_states([incoming])
 
-    async def ingest_states(self, states: Sequence[EntityState]) -> IngestResult:
+    async def ingest_states(
+        self, states: Sequence[EntityState], *, bases: Mapping[EntityId, Clock] | None = None
+    ) -> IngestResult:
         """Merge state snapshots from a peer (ARCHITECTURE.md §7: a snapshot, not events).
 
         Every backend is a state-based CRDT, so merging is always correct for the values;
         the head becomes the maximal ids of both heads (by comparison; if the history
         needed to decide is not here, both heads are kept, which later comparisons handle).
-        An older or equal snapshot is a no-op. All the merged states are written at once.
-        Raises DecodeError for malformed buffers and InvalidEvent for a snapshot that
-        contradicts the entity (another collection); nothing is written then.
+        ``bases`` holds, per entity, a head its snapshot strictly descends from, on the
+        word of a trusted peer: while the entity here has exactly that head, the
+        snapshot's head is taken without a comparison (pass only what the durable peer of
+        an ephemeral node said). An older or equal snapshot is a no-op. All the merged
+        states are written at once. Raises DecodeError for malformed buffers and
+        InvalidEvent for a snapshot that contradicts the entity (another collection);
+        nothing is written then.
         """
+        bases = bases or {}
         result = IngestResult()
         by_id = {s.entity_id: s for s in states}
         async with AsyncExitStack() as stack:
@@ -232,7 +239,7 @@ class Applier:
             plans: list[_Plan] = []
             try:
                 for incoming in by_id.values():
-                    plan = await self._merge_state(incoming)
+                    plan = await self._merge_state(incoming, bases.get(incoming.entity_id))
                     if plan is not None:
                         plans.append(plan)
             except BaseException:
@@ -242,7 +249,7 @@ class Applier:
             await self._commit(plans, result, states_only=True)
         return result
 
-    async def _merge_state(self, incoming: EntityState) -> _Plan | None:
+    async def _merge_state(self, incoming: EntityState, base: Clock | None) -> _Plan | None:
         entity_id = incoming.entity_id
         entity = await self.load(entity_id)
         if entity is not None and incoming.collection != entity.collection:
@@ -256,6 +263,11 @@ class Applier:
             self._residents.put(fresh)
             return _Plan(fresh, before, [], [], set(fresh.values()))
         before = entity.snapshot()
+        if base is not None and entity.head == base:
+            changed = entity.merge_state(incoming)
+            entity.set_head(incoming.state.head_generations())
+            self._residents.put(entity)
+            return _Plan(entity, before, [], [], changed)
         getter = self._getter(entity_id, StagingMap())
         head = await self._merged_head(entity, incoming, getter)
         if head is None:

@@ -36,7 +36,7 @@ from mycelia.errors import (
 )
 from mycelia.node.peer import PeerConnection
 from mycelia.node.transport import Transport, WebsocketTransport
-from mycelia.proto import EventId
+from mycelia.proto import Clock, EventId
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
     CommitRequest,
@@ -228,8 +228,16 @@ class Connection:
         changes: list[EntityChange] = []
         events = [e for d in deltas for e in d.events]
         states = [d.state for d in deltas if d.state is not None]
+        # An ephemeral node trusts its durable peer's states, so also its word that a state
+        # descends from the head held here; a durable node walks (and keeps) the history.
+        bases = {
+            d.entity_id: Clock(d.base)
+            for d in deltas
+            if d.state is not None and d.base is not None and not self.node.durable
+        }
         if states:
-            changes.extend((await self.node.applier.ingest_states(states)).changes)
+            result = await self.node.applier.ingest_states(states, bases=bases)
+            changes.extend(result.changes)
         if events:
             result = await self.node.applier.ingest(events)
             for entity_id, error in result.errors.items():

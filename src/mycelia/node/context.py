@@ -18,12 +18,10 @@ from mycelia.node.policy import Credentials
 from mycelia.node.transaction import Transaction
 from mycelia.proto import AdmittedEvent, EntityId
 from mycelia.proto.peering import (
-    Delta,
     DeltasResponse,
     FetchRequest,
     GetRequest,
     KnownEntity,
-    StatesResponse,
 )
 from mycelia.proto.query import parse
 
@@ -60,15 +58,15 @@ class Context:
         """
         upstream = self._node.upstream
         if upstream is not None and upstream.peer is not None and upstream.peer.ready:
+            held = await self._node.applier.load(entity_id)
+            known = (KnownEntity(entity_id, held.head.ids),) if held and held.exists else ()
             try:
-                response = await upstream.request(lambda rid: GetRequest(rid, (entity_id,)))
+                response = await upstream.request(lambda rid: GetRequest(rid, (entity_id,), known))
             except (ConnectionClosed, RequestTimeout):
                 pass  # offline: answer from what is here
             else:
-                assert isinstance(response, StatesResponse)
-                await upstream.apply_deltas(
-                    tuple(Delta(s.entity_id, s.collection, True, s, ()) for s in response.states)
-                )
+                assert isinstance(response, DeltasResponse)
+                await upstream.apply_deltas(response.deltas)
         entity = await self._node.applier.load(entity_id)
         if entity is None or not entity.exists or entity.collection != model.__collection__:
             raise EntityNotFound(f"no {model.__name__} with id {entity_id} here")

@@ -4,7 +4,9 @@ For each entity the responder answers a known head with nothing (same head), a b
 the missing events (when the entity strictly descends from the known head), or a state
 snapshot — whichever is smaller (ARCHITECTURE.md §7). A bridge always carries every event
 between the known head and the current one, parents first, so the receiver can apply it
-without asking for more.
+without asking for more. A snapshot that strictly descends from the known head names it as
+its ``base``, so a trusting receiver that still holds that head skips the walk between the
+two (which would cost it the very events the snapshot saved sending).
 """
 
 from __future__ import annotations
@@ -41,15 +43,15 @@ async def delta_for(
     head = state.state.head
     if known is not None and Clock(known) == head:
         return None if matches else Delta(state.entity_id, state.collection, False, None, ())
-    snapshot = Delta(state.entity_id, state.collection, matches, state, ())
     if not known:
-        return snapshot
-    bridge = await _bridge(storage, head, Clock(known))
+        return Delta(state.entity_id, state.collection, matches, state, ())
+    base = Clock(known)
+    bridge = await _bridge(storage, head, base)
     if bridge is None:
-        return snapshot
+        return Delta(state.entity_id, state.collection, matches, state, ())
     bridge_size = sum(len(e.to_bytes()) for e in bridge)
     if bridge_size >= len(state.to_bytes()):
-        return snapshot
+        return Delta(state.entity_id, state.collection, matches, state, (), base.ids)
     return Delta(state.entity_id, state.collection, matches, None, tuple(bridge))
 
 

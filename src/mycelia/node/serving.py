@@ -36,7 +36,6 @@ from mycelia.proto.peering import (
     GetEventsRequest,
     GetRequest,
     KnownEntity,
-    StatesResponse,
     SubscribeRequest,
     SubscriptionUpdate,
     SystemRequest,
@@ -114,16 +113,19 @@ class Responder:
 
     # -- requests --------------------------------------------------------------------------
 
-    async def _get(self, peer: PeerConnection, msg: GetRequest) -> StatesResponse:
-        states = await self._node.storage.get_states(msg.entity_ids)
-        readable = []
-        for state in states.values():
-            entity = await self._node.applier.load(state.entity_id)
-            if entity is not None and self._node.policy.can_read(
-                peer.credentials, entity.snapshot()
-            ):
-                readable.append(entity.to_state())
-        return StatesResponse(msg.request_id, tuple(readable))
+    async def _get(self, peer: PeerConnection, msg: GetRequest) -> DeltasResponse:
+        known = {k.entity_id: k.head for k in msg.known}
+        deltas = []
+        for entity_id in msg.entity_ids:
+            entity = await self._node.applier.load(entity_id)
+            if entity is None or not entity.exists:
+                continue
+            if not self._node.policy.can_read(peer.credentials, entity.snapshot()):
+                continue
+            delta = await delta_for(self._node.storage, entity.to_state(), known.get(entity_id))
+            if delta is not None:
+                deltas.append(delta)
+        return DeltasResponse(msg.request_id, tuple(deltas))
 
     async def _get_events(self, peer: PeerConnection, msg: GetEventsRequest) -> EventsResponse:
         found = await self._node.storage.get_events(msg.event_ids, ahead=msg.ahead)

@@ -34,8 +34,12 @@ __all__ = [
     "message_types",
 ]
 
-PROTOCOL_VERSION: Final = 1
-"""Peers must speak exactly the same version (ARCHITECTURE.md §7)."""
+PROTOCOL_VERSION: Final = 2
+"""Peers must speak exactly the same version (ARCHITECTURE.md §7).
+
+2: ``GetRequest`` carries known heads and is answered with deltas; a delta may carry the
+``base`` its snapshot descends from.
+"""
 
 
 class Message:

@@ -53,7 +53,6 @@ __all__ = [
     "Presence",
     "PresenceProof",
     "PresenceRejected",
-    "StatesResponse",
     "SubscribeRequest",
     "SubscriptionUpdate",
     "SystemRequest",
@@ -180,7 +179,10 @@ class Delta:
 
     ``matches`` is False when the entity no longer satisfies the query it is sent for (the
     receiver removes it from the query's results); ``state`` and ``events`` may both be
-    empty then.
+    empty then. ``base``, only with a ``state``, is the head the receiver said it holds
+    when the responder found that the state strictly descends from it: a receiver that
+    still holds exactly that head and trusts the responder (an ephemeral node and its
+    durable peer) takes the state without walking the history between the two.
     """
 
     entity_id: EntityId
@@ -188,20 +190,30 @@ class Delta:
     matches: bool
     state: EntityState | None
     events: tuple[Event, ...]
+    base: tuple[EventId, ...] | None = None
 
     def to_wire(self) -> list[object]:
         state = None if self.state is None else self.state.to_wire()
         events = [e.to_bytes() for e in self.events]
-        return [self.entity_id, self.collection, self.matches, state, events]
+        base = None if self.base is None else list(self.base)
+        return [self.entity_id, self.collection, self.matches, state, events, base]
 
     @classmethod
     def from_wire(cls, obj: object, limits: Limits) -> Delta:
-        entity, collection, matches, state, events = expect_list(obj, "delta", length=5)
+        entity, collection, matches, state, events, base = expect_list(obj, "delta", length=6)
         entity_id = _entity(entity, "entity id")
         name = expect_name(collection, "collection", limits=limits)
         decoded_state = None if state is None else EntityState.from_wire(state, limits=limits)
         decoded_events = tuple(decode_events(events, limits, what="delta events"))
-        return cls(entity_id, name, _bool(matches, "matches"), decoded_state, decoded_events)
+        decoded_base = None
+        if base is not None:
+            if decoded_state is None:
+                raise DecodeError("a delta's base comes only with a state")
+            ids = expect_list(base, "delta base", max_len=limits.max_clock_width)
+            decoded_base = tuple(_event_id(i, "base id") for i in ids)
+        return cls(
+            entity_id, name, _bool(matches, "matches"), decoded_state, decoded_events, decoded_base
+        )
 
 
 def _deltas(obj: object, limits: Limits) -> tuple[Delta, ...]:
@@ -216,19 +228,25 @@ def _args(obj: object) -> tuple[object, ...]:
 @message(10)
 @dataclass(frozen=True, slots=True)
 class GetRequest(Message):
-    """Ask for the current state of entities by id."""
+    """Ask for the current state of entities by id, answered by :class:`DeltasResponse`.
+
+    ``known`` lets the responder send only what is missing (and say when its state
+    descends from what the requester holds); unknown or unreadable ids are absent.
+    """
 
     request_id: int
     entity_ids: tuple[EntityId, ...]
+    known: tuple[KnownEntity, ...] = ()
 
     def to_wire(self) -> list[object]:
-        return [self.request_id, list(self.entity_ids)]
+        return [self.request_id, list(self.entity_ids), [k.to_wire() for k in self.known]]
 
     @classmethod
     def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, ids = expect_list(fields, "GetRequest", length=2)
+        rid, ids, known = expect_list(fields, "GetRequest", length=3)
         items = expect_list(ids, "entity ids", max_len=limits.max_batch_events)
-        return cls(_rid(rid), tuple(_entity(i, "entity id") for i in items))
+        entity_ids = tuple(_entity(i, "entity id") for i in items)
+        return cls(_rid(rid), entity_ids, _known(known, limits))
 
 
 @message(11)
@@ -399,22 +417,7 @@ class Ack(Message):
         return cls(_rid(rid))
 
 
-@message(22)
-@dataclass(frozen=True, slots=True)
-class StatesResponse(Message):
-    """States answering a :class:`GetRequest` (unknown or unreadable ids are absent)."""
-
-    request_id: int
-    states: tuple[EntityState, ...]
-
-    def to_wire(self) -> list[object]:
-        return [self.request_id, [s.to_wire() for s in self.states]]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, states = expect_list(fields, "StatesResponse", length=2)
-        items = expect_list(states, "states", max_len=limits.max_batch_events)
-        return cls(_rid(rid), tuple(EntityState.from_wire(s, limits=limits) for s in items))
+# Tag 22 (StatesResponse, protocol 1) is retired: GetRequest is answered with deltas.
 
 
 @message(23)
