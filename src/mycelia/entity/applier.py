@@ -449,10 +449,11 @@ class Applier:
                 )
             parents = {p for e in staged for p in e.parent}
             return staged, {e.id: e.generation for e in staged if e.id not in parents}
-        if len(staged) == 1 and staged[0].parent == entity.head:
-            # The linear case (one event made on exactly this head): the comparison would
-            # conclude StrictDescends on its first step; skip building it.
-            return staged, {staged[0].id: staged[0].generation}
+        if len(staged) == 1 and all(p in entity.head for p in staged[0].parent):
+            # One new event made on tips of this head (on exactly the head: the linear
+            # case; on some tips: a writer that missed concurrent work). The head lacks
+            # just it, and the tips it names are now its ancestors: no walk is needed.
+            return staged, _head_after(entity.head_generations, staged)
         # A subject-side walk: the events the head lacks, without walking the head's own
         # branches (admission already keeps foreign lineage out: parents are this entity's).
         outcome = await missing(

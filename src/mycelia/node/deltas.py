@@ -49,9 +49,11 @@ async def delta_for(
     bridge = await _bridge(storage, head, base)
     if bridge is None:
         return Delta(state.entity_id, state.collection, matches, state, ())
-    bridge_size = sum(len(e.to_bytes()) for e in bridge)
-    if bridge_size >= len(state.to_bytes()):
-        return Delta(state.entity_id, state.collection, matches, state, (), base.ids)
+    room = len(state.to_bytes())
+    for event in bridge:
+        room -= len(event.to_bytes())
+        if room <= 0:
+            return Delta(state.entity_id, state.collection, matches, state, (), base.ids)
     return Delta(state.entity_id, state.collection, matches, None, tuple(bridge))
 
 
