@@ -251,3 +251,27 @@ async def test_a_snapshot_base_is_taken_only_while_the_head_is_exactly_that_base
         # A base that is not e's head is ignored: without the history to compare, e keeps
         # both heads (the usual fallback), never a head it cannot justify.
         assert len(view.head) == width
+
+
+async def test_a_durable_client_takes_no_head_on_the_servers_word(
+    server: tuple[Node, Server],
+) -> None:
+    server_node, running = server
+    album = await create(server_node, name="g", artist="x", year=0)
+    durable = await Node.open(MemoryStorage(), durable=True)
+    await mycelia.connect(durable, f"ws://127.0.0.1:{running.port}")
+    await durable.wait_ready(timeout=10)
+    try:
+        genesis = await durable.context().get(Album, album)
+        for year in range(1, 41):
+            async with server_node.context().transaction() as trx:
+                (await trx.edit(Album, album)).year = year
+        view = await durable.context().get(Album, album)
+        assert view.year == 40
+        # The snapshot's base is ignored: without the history here to compare, the
+        # durable node keeps both heads (the usual fallback) instead of trusting the peer.
+        assert set(view.head) == set(genesis.head) | set(
+            (await server_node.context().get(Album, album)).head
+        )
+    finally:
+        await durable.close()

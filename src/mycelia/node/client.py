@@ -229,7 +229,7 @@ class Connection:
         events = [e for d in deltas for e in d.events]
         states = [d.state for d in deltas if d.state is not None]
         # An ephemeral node trusts its durable peer's states, so also its word that a state
-        # descends from the head held here; a durable node walks (and keeps) the history.
+        # descends from the head held here; a durable node takes no head on a peer's word.
         bases = {
             d.entity_id: Clock(d.base)
             for d in deltas
