@@ -9,8 +9,8 @@ The ingest discipline, for any batch (one event, a remote commit, a bridge):
    An event with unknown parents is **held** (:class:`PendingPool`) and its parents are
    reported as missing; a parent from another entity is rejected;
 3. **stage** the admitted events and compare them with the entity's head; the verdict
-   table (:data:`VERDICTS`) says what to do; apply every event the head lacks, parents
-   first, and set the head to the comparison's merged head (an antichain);
+   table (:mod:`mycelia.entity.verdicts`) says what to do; apply every event the head
+   lacks, parents first, and set the head to the comparison's merged head (an antichain);
 4. run the caller's check (policy) on every changed entity before anything is durable;
 5. **commit** events and states in one storage write. If anything fails after step 3,
    every entity this run touched is evicted from memory, so memory never runs ahead of
@@ -24,23 +24,16 @@ others proceed. An event already stored is a no-op.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Final
 
 from mycelia.entity.admission import admit
 from mycelia.entity.entity import Entity, Snapshot
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.residents import Residents
-from mycelia.errors import (
-    BudgetExceeded as BudgetExceededError,
-)
-from mycelia.errors import (
-    Disjoint as DisjointError,
-)
+from mycelia.entity.verdicts import Action, action_for, head_after, rejection
 from mycelia.errors import (
     EventNotFound,
     InvalidEvent,
@@ -48,14 +41,6 @@ from mycelia.errors import (
 )
 from mycelia.event_dag import (
     DEFAULT_BUDGET,
-    Ahead,
-    BudgetExceeded,
-    Disjoint,
-    DivergedSince,
-    Equal,
-    Relation,
-    StrictAscends,
-    StrictDescends,
     compare,
     missing,
 )
@@ -77,32 +62,9 @@ from mycelia.retrieval import (
     WriteBatch,
 )
 
-__all__ = ["VERDICTS", "Action", "Applier", "EntityChange", "EventCheck", "IngestResult"]
+__all__ = ["Applier", "EntityChange", "EventCheck", "IngestResult"]
 
 log = logging.getLogger(__name__)
-
-
-class Action(enum.Enum):
-    """What the applier does with a verdict."""
-
-    NOTHING = "nothing"
-    """Every staged event is already in the head's history."""
-    APPLY = "apply"
-    """Apply the events the head lacks (``subject_only``), then take the merged head."""
-    REJECT = "reject"
-    """The events cannot be placed in this entity's history."""
-
-
-VERDICTS: Final[Mapping[type[Relation], Action]] = {
-    Ahead: Action.APPLY,
-    Equal: Action.NOTHING,
-    StrictAscends: Action.NOTHING,
-    StrictDescends: Action.APPLY,
-    DivergedSince: Action.APPLY,  # an empty meet is refused in _action below
-    Disjoint: Action.REJECT,
-    BudgetExceeded: Action.REJECT,
-}
-"""The verdict → action table: the one place that decides (ARCHITECTURE.md §5)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,11 +253,11 @@ class Applier:
                 "merging a snapshot of %s without its history: keeping both heads", entity.entity_id
             )
             return hints
-        action = _action(outcome.relation)
+        action = action_for(outcome.relation)
         if action is Action.NOTHING:
             return None
         if action is Action.REJECT:
-            raise _rejection(outcome.relation, entity.entity_id)
+            raise rejection(outcome.relation, entity.entity_id)
         return dict(outcome.merged_head)
 
     async def load(self, entity_id: EntityId) -> Entity | None:
@@ -453,7 +415,7 @@ class Applier:
             # One new event made on tips of this head (on exactly the head: the linear
             # case; on some tips: a writer that missed concurrent work). The head lacks
             # just it, and the tips it names are now its ancestors: no walk is needed.
-            return staged, _head_after(entity.head_generations, staged)
+            return staged, head_after(entity.head_generations, staged)
         # A subject-side walk: the events the head lacks, without walking the head's own
         # branches (admission already keeps foreign lineage out: parents are this entity's).
         outcome = await missing(
@@ -464,44 +426,15 @@ class Applier:
             hints=entity.head_generations,
             known=staged,
         )
-        action = _action(outcome.relation)
+        action = action_for(outcome.relation)
         if action is Action.NOTHING:
             return [], entity.head_generations
         if action is Action.REJECT:
-            raise _rejection(outcome.relation, entity.entity_id)
+            raise rejection(outcome.relation, entity.entity_id)
         applied = list(outcome.subject_only)
-        return applied, _head_after(entity.head_generations, applied)
+        return applied, head_after(entity.head_generations, applied)
 
 
 def _fetched(getter: LocalGetter) -> list[AdmittedEvent]:
     """Events a cached getter fetched from the peer (stored with the result)."""
     return getter.fetched() if isinstance(getter, CachedGetter) else []
-
-
-def _head_after(head: Mapping[EventId, int], applied: list[AdmittedEvent]) -> dict[EventId, int]:
-    """The head once ``applied`` (every event the head lacked, parents first) is applied.
-
-    A tip of an antichain head can only be an ancestor of a new event as one of the new
-    events' direct parents (it would otherwise be an ancestor of another tip), so the new
-    head is the old tips that no new event names as a parent, plus the new events no other
-    new event names.
-    """
-    named = {p for e in applied for p in e.parent}
-    after = {tip: gen for tip, gen in head.items() if tip not in named}
-    after.update((e.id, e.generation) for e in applied if e.id not in named)
-    return after
-
-
-def _action(relation: Relation) -> Action:
-    if isinstance(relation, DivergedSince) and not relation.meet:
-        return Action.REJECT  # nothing in common with the head: not this entity's history
-    return VERDICTS[type(relation)]
-
-
-def _rejection(relation: Relation, entity_id: EntityId) -> MyceliaError:
-    if isinstance(relation, BudgetExceeded):
-        return BudgetExceededError(
-            f"placing events on entity {entity_id} needs more than {relation.budget} events "
-            "of history to be walked"
-        )
-    return DisjointError(f"events share no history with entity {entity_id}")

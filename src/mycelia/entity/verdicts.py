@@ -1,0 +1,81 @@
+"""What a comparison's verdict means for an entity's head (ARCHITECTURE.md §5).
+
+:data:`VERDICTS` is the one table that decides whether staged events are applied,
+ignored or refused; :func:`head_after` computes the head once the events the head lacked
+are applied.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Final
+
+from mycelia.errors import BudgetExceeded as BudgetExceededError
+from mycelia.errors import Disjoint as DisjointError
+from mycelia.errors import MyceliaError
+from mycelia.event_dag import (
+    Ahead,
+    BudgetExceeded,
+    Disjoint,
+    DivergedSince,
+    Equal,
+    Relation,
+    StrictAscends,
+    StrictDescends,
+)
+from mycelia.proto import AdmittedEvent, EntityId, EventId
+
+__all__ = ["VERDICTS", "Action", "action_for", "head_after", "rejection"]
+
+
+class Action(enum.Enum):
+    """What the applier does with a verdict."""
+
+    NOTHING = "nothing"
+    """Every staged event is already in the head's history."""
+    APPLY = "apply"
+    """Apply the events the head lacks (``subject_only``), then take the merged head."""
+    REJECT = "reject"
+    """The events cannot be placed in this entity's history."""
+
+
+VERDICTS: Final[Mapping[type[Relation], Action]] = {
+    Ahead: Action.APPLY,
+    Equal: Action.NOTHING,
+    StrictAscends: Action.NOTHING,
+    StrictDescends: Action.APPLY,
+    DivergedSince: Action.APPLY,  # an empty meet is refused in _action below
+    Disjoint: Action.REJECT,
+    BudgetExceeded: Action.REJECT,
+}
+"""The verdict → action table: the one place that decides (ARCHITECTURE.md §5)."""
+
+
+def head_after(head: Mapping[EventId, int], applied: list[AdmittedEvent]) -> dict[EventId, int]:
+    """The head once ``applied`` (every event the head lacked, parents first) is applied.
+
+    A tip of an antichain head can only be an ancestor of a new event as one of the new
+    events' direct parents (it would otherwise be an ancestor of another tip), so the new
+    head is the old tips that no new event names as a parent, plus the new events no other
+    new event names.
+    """
+    named = {p for e in applied for p in e.parent}
+    after = {tip: gen for tip, gen in head.items() if tip not in named}
+    after.update((e.id, e.generation) for e in applied if e.id not in named)
+    return after
+
+
+def action_for(relation: Relation) -> Action:
+    if isinstance(relation, DivergedSince) and not relation.meet:
+        return Action.REJECT  # nothing in common with the head: not this entity's history
+    return VERDICTS[type(relation)]
+
+
+def rejection(relation: Relation, entity_id: EntityId) -> MyceliaError:
+    if isinstance(relation, BudgetExceeded):
+        return BudgetExceededError(
+            f"placing events on entity {entity_id} needs more than {relation.budget} events "
+            "of history to be walked"
+        )
+    return DisjointError(f"events share no history with entity {entity_id}")
