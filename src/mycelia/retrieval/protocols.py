@@ -90,14 +90,19 @@ class StoredState:
 class WriteBatch:
     """Everything one commit makes durable, written atomically (ARCHITECTURE.md §5, §6).
 
-    Events first, then the states that reference them: an engine must make all of it
-    durable, or none of it. Each state also appends one change-feed row.
+    Forgotten entities first, then events, then the states that reference them: an engine
+    must make all of it durable, or none of it. Each state also appends one change-feed row.
     """
 
     events: tuple[AdmittedEvent, ...] = ()
     states: tuple[StoredState, ...] = ()
     meta: tuple[tuple[str, bytes | None], ...] = ()
     """Small node-level records (system root, node key, outbox); ``None`` deletes."""
+    forget: tuple[EntityId, ...] = ()
+    """Entities to drop whole (every event, the state, its index rows) *before* the rest of
+    the batch is written: how an ephemeral node's cache lets go of an entity whose local
+    commits its durable peer refused (ARCHITECTURE.md §7). Forgetting writes no feed row;
+    a state written for the same entity in the same batch writes one as usual."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,10 @@ same conformance suite (:mod:`mycelia.storage.testing`):
 - events are added idempotently (re-adding reports "already had it") with their
   generation; read by id (with optional read-ahead) and by entity (parents first);
 - states are read and written per entity; a missing one is ``None`` from ``get_state``;
+- a batch may **forget** entities (``WriteBatch.forget``): their events, state and index
+  rows are gone before the rest of the batch is written (an ephemeral node's cache uses
+  it to drop what its durable peer refused); meta records are read one by key or by key
+  prefix (``scan_meta``, in key order);
 - :meth:`StorageEngine.write` is **atomic**: events, states, meta and change-feed rows of
   one batch become durable together or not at all, and a batch's events are durable no
   later than the states that reference them;
@@ -220,6 +224,10 @@ class StorageEngine(EntityStore, Protocol):
 
     async def get_meta(self, key: str) -> bytes | None:
         """A node-level record written through ``WriteBatch.meta``."""
+        ...
+
+    async def scan_meta(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Every node-level record whose key starts with ``prefix``, in key order."""
         ...
 
     async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:

@@ -300,6 +300,22 @@ class LmdbStorage:
         """A node-level record."""
         return self._read(lambda txn: txn.get(key.encode(), db=self._dbs[b"meta"]))
 
+    async def scan_meta(self, prefix: str) -> list[tuple[str, bytes]]:
+        """The node-level records under ``prefix``, in key order."""
+        start = prefix.encode()
+
+        def read(txn: Txn) -> list[tuple[str, bytes]]:
+            cursor = txn.cursor(db=self._dbs[b"meta"])
+            found = []
+            if cursor.set_range(start):
+                for key, value in cursor:
+                    if not key.startswith(start):
+                        break
+                    found.append((key.decode(), value))
+            return found
+
+        return self._read(read)
+
     async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:
         """Wait until a commit takes the feed beyond ``offset`` (or ``timeout`` passes)."""
         return await self._news.wait(lambda: self._writer.last_offset > offset, timeout)
@@ -359,9 +375,18 @@ class LmdbStorage:
         encoded = encode_batch(batch)
         if not encoded:
             return WriteResult(frozenset(), ())
+        if batch.forget:
+            self._unremember(frozenset(batch.forget))
         result = await self._writer.submit(encoded)
         self._remember(batch.events)
         return result
+
+    def _unremember(self, entities: frozenset[EntityId]) -> None:
+        """Let go of the recent events of entities a write forgets (before it commits, so
+        no read after the commit can find them here)."""
+        recent = self._recent
+        for event_id in [i for i, e in recent.items() if e.entity_id in entities]:
+            del recent[event_id]
 
     def _remember(self, events: tuple[AdmittedEvent, ...]) -> None:
         """Keep just-committed events at hand; let go of a read snapshot grown old."""

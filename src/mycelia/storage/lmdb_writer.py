@@ -38,7 +38,7 @@ from mycelia.errors import StorageError
 from mycelia.proto import EntityState, EventId
 from mycelia.retrieval import WriteBatch, WriteResult
 from mycelia.storage.engine import FeedSignal, encode_feed, encode_values
-from mycelia.storage.lmdb_format import Databases, Gate, translate
+from mycelia.storage.lmdb_format import Databases, Gate, stored_state, translate
 from mycelia.storage.lmdb_index import entry_keys, reindex
 
 if TYPE_CHECKING:
@@ -71,9 +71,10 @@ class Encoded:
     events: tuple[tuple[EventId, bytes, bytes], ...]  # id, by_entity key, value
     states: tuple[EncodedState, ...]
     meta: tuple[tuple[bytes, bytes | None], ...]
+    forget: tuple[bytes, ...] = ()  # entity ids, dropped before the rest is put
 
     def __bool__(self) -> bool:
-        return bool(self.events or self.states or self.meta)
+        return bool(self.events or self.states or self.meta or self.forget)
 
 
 @dataclass(slots=True)
@@ -105,7 +106,7 @@ def encode_batch(batch: WriteBatch) -> Encoded:
         index = entry_keys(state.collection, entity, stored.values)
         states.append(EncodedState(entity, value, state.collection, feed, index))
     meta = tuple((k.encode(), v) for k, v in batch.meta)
-    return Encoded(events, tuple(states), meta)
+    return Encoded(events, tuple(states), meta, tuple(bytes(e) for e in batch.forget))
 
 
 class Writer:
@@ -221,6 +222,8 @@ class Writer:
 
     def _put(self, txn: Txn, batch: Encoded, offset: int) -> tuple[WriteResult, int]:
         dbs = self.dbs
+        for entity in batch.forget:
+            self._forget(txn, entity)
         new = []
         for event_id, index_key, value in batch.events:
             if txn.put(event_id, value, db=dbs[b"events"], overwrite=False):
@@ -245,6 +248,28 @@ class Writer:
             else:
                 txn.put(name, content, db=dbs[b"meta"])
         return WriteResult(frozenset(new), tuple(offsets)), offset
+
+    def _forget(self, txn: Txn, entity: bytes) -> None:
+        """Drop an entity whole: its events, their index rows, its state and its indexes."""
+        dbs = self.dbs
+        cursor = txn.cursor(db=dbs[b"by_entity"])
+        doomed = []
+        if cursor.set_range(entity):
+            for key in cursor.iternext(keys=True, values=False):
+                if not key.startswith(entity):
+                    break
+                doomed.append(key)
+        for key in doomed:
+            txn.delete(key, db=dbs[b"by_entity"])
+            txn.delete(key[-32:], db=dbs[b"events"])
+        previous = txn.pop(entity, db=dbs[b"states"])
+        if previous is not None:
+            collection = stored_state(previous).collection
+            txn.delete(collection.encode() + b"\0" + entity, db=dbs[b"by_collection"])
+            reindex(
+                txn, dbs[b"by_field"], collection=collection, entity_id=entity,
+                previous=previous, keys=frozenset(),
+            )  # fmt: skip
 
     def _grow(self) -> None:
         with self.gate.exclusive():

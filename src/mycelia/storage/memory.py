@@ -98,6 +98,8 @@ class MemoryStorage:
             # The durable engines must encode the values; refusing here too keeps a batch
             # that one engine accepts acceptable to every engine.
             encode_values(stored.values)
+        for entity_id in batch.forget:
+            self._forget(entity_id)
         new = frozenset(e.id for e in batch.events if e.id not in self._events)
         for event in batch.events:
             if event.id in new:
@@ -123,6 +125,13 @@ class MemoryStorage:
             self._news = asyncio.Event()
         return WriteResult(new, tuple(offsets))
 
+    def _forget(self, entity_id: EntityId) -> None:
+        for event_id in self._by_entity.pop(entity_id, {}):
+            del self._events[event_id]
+        stored = self._states.pop(entity_id, None)
+        if stored is not None:
+            self._by_collection[stored.state.collection].pop(entity_id, None)
+
     async def read_since(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:
         """Feed rows after ``offset``."""
         self._check_open()
@@ -136,6 +145,11 @@ class MemoryStorage:
         """A node-level record."""
         self._check_open()
         return self._meta.get(key)
+
+    async def scan_meta(self, prefix: str) -> list[tuple[str, bytes]]:
+        """The node-level records under ``prefix``, in key order."""
+        self._check_open()
+        return sorted((k, v) for k, v in self._meta.items() if k.startswith(prefix))
 
     async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:
         """Wait for a feed row beyond ``offset`` (or the timeout)."""

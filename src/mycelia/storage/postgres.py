@@ -373,6 +373,11 @@ class PostgresStorage:
         rows = await self._fetch("meta", (key,))
         return bytes(rows[0][0]) if rows else None
 
+    async def scan_meta(self, prefix: str) -> list[tuple[str, bytes]]:
+        """The node-level records under ``prefix``, in key order."""
+        rows = await self._fetch("scan_meta", {"prefix": prefix})
+        return [(key, bytes(value)) for key, value in rows]
+
     async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:
         """Wait for a feed row beyond ``offset`` (NOTIFY wakes it early; polls otherwise)."""
         loop = asyncio.get_running_loop()
@@ -418,12 +423,14 @@ class PostgresStorage:
     async def write(self, batch: WriteBatch) -> WriteResult:
         """Make ``batch`` durable in one transaction; raises StorageError, writing nothing."""
         states = state_rows(batch)  # encodes first: a bad state fails before any I/O
-        if not (batch.events or states or batch.meta):
+        if not (batch.events or states or batch.meta or batch.forget):
             await self._ready()
             return WriteResult(frozenset(), ())
         pool = await self._ready()
         try:
             async with pool.connection() as conn, conn.transaction():
+                if batch.forget:
+                    await conn.execute(self._q["forget"], {"ids": [bytes(e) for e in batch.forget]})
                 new = await self._insert_events(conn, batch.events)
                 offsets = await self._insert_states(conn, states)
                 await self._write_meta(conn, batch.meta)

@@ -99,6 +99,11 @@ _STATEMENTS: Final = {
     "put_meta": """INSERT INTO {s}.meta (key, value) SELECT * FROM unnest(%s::text[], %b::bytea[])
         ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
     "delete_meta": "DELETE FROM {s}.meta WHERE key = ANY(%s::text[])",
+    "forget": """WITH e AS (DELETE FROM {s}.events WHERE entity_id = ANY(%(ids)b::bytea[])),
+            k AS (DELETE FROM {s}.field_keys WHERE entity_id = ANY(%(ids)b::bytea[]))
+        DELETE FROM {s}.states WHERE entity_id = ANY(%(ids)b::bytea[])""",
+    "scan_meta": """SELECT key, value FROM {s}.meta
+        WHERE left(key, length(%(prefix)s)) = %(prefix)s ORDER BY key COLLATE "C" """,
     "events": "SELECT id, generation, body FROM {s}.events WHERE id = ANY(%b::bytea[])",
     "ahead": """WITH RECURSIVE walk(id) AS (
             SELECT unnest(%(ids)b::bytea[])

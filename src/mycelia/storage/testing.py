@@ -37,7 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from mycelia.errors import StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EventId
-from mycelia.proto.query import Query
+from mycelia.proto.query import Query, parse
 from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage.engine import DumpRecord, EntityRecord, MetaRecord, StorageEngine
 from mycelia.storage.testing_data import History, genesis, state_of, update
@@ -259,6 +259,55 @@ async def check_meta(spec: EngineSpec) -> None:
     await _with_engine(spec, body)
 
 
+async def check_meta_prefix(spec: EngineSpec) -> None:
+    """``scan_meta`` lists the records under a prefix in key (byte) order, and only those."""
+
+    async def body(engine: StorageEngine) -> None:
+        keys = ("outbox/00000000000000000010", "outbox/00000000000000000002", "outboxer", "o")
+        await engine.write(WriteBatch(meta=tuple((k, k.encode()) for k in keys)))
+        await engine.write(WriteBatch(meta=(("outbox/00000000000000000003", b"x"),)))
+        await engine.write(WriteBatch(meta=(("outbox/00000000000000000003", None),)))
+        got = await engine.scan_meta("outbox/")
+        want = [(k, k.encode()) for k in sorted(keys[:2])]
+        assert got == want, f"{spec.name}: scan_meta gave {got}"
+        assert await engine.scan_meta("nothing/") == [], f"{spec.name}: scan_meta from nowhere"
+        everything = await engine.scan_meta("")
+        assert [k for k, _ in everything] == sorted(keys), f"{spec.name}: not in key order"
+
+    await _with_engine(spec, body)
+
+
+async def check_forget(spec: EngineSpec) -> None:
+    """A forgotten entity is gone whole (events, state, scan and fetch rows), others stay;
+    the same batch may write it anew, and forgetting an unknown entity is harmless."""
+
+    async def body(engine: StorageEngine) -> None:
+        h, other = History.make(n=1), History.make(n=2)
+        await engine.write(WriteBatch((*h.events, *other.events), (state_of([h.m], {"k": 1}),)))
+        await engine.write(WriteBatch(states=(state_of([other.m], {"k": 1}),)))
+        before = await engine.last_offset()
+        await engine.write(WriteBatch(forget=(h.entity_id, genesis(n=77).entity_id)))
+        assert await engine.events_of(h.entity_id) == [], f"{spec.name}: events survived"
+        assert not await engine.event_stored(h.a.id), f"{spec.name}: an event survived"
+        assert await engine.get_events([h.m.id, h.g.id]) == {}, f"{spec.name}: get_events"
+        assert await engine.get_state(h.entity_id) is None, f"{spec.name}: the state survived"
+        scanned = [s.state.entity_id for s in await engine.scan("items")]
+        assert scanned == [other.entity_id], f"{spec.name}: scan after forget: {scanned}"
+        fetched = await engine.fetch("items", parse("k = 1"))
+        assert [s.state.entity_id for s in fetched] == [other.entity_id], f"{spec.name}: fetch"
+        assert len(await engine.events_of(other.entity_id)) == 6, f"{spec.name}: others lost"
+        assert await engine.last_offset() == before, f"{spec.name}: forgetting wrote a feed row"
+        again = WriteBatch((h.g, h.b), (state_of([h.b], {"k": 2}),), forget=(h.entity_id,))
+        result = await engine.write(again)
+        assert result.new_events == {h.g.id, h.b.id}, f"{spec.name}: re-added events not new"
+        got = [_key(e) for e in await engine.events_of(h.entity_id)]
+        assert got == [_key(h.g), _key(h.b)], f"{spec.name}: write after forget in one batch"
+        fetched = await engine.fetch("items", parse("k = 2"))
+        assert [s.state.entity_id for s in fetched] == [h.entity_id], f"{spec.name}: reindexed"
+
+    await _with_engine(spec, body)
+
+
 async def check_read_ahead(spec: EngineSpec) -> None:
     """Read-ahead adds only real ancestors, at most ``ahead`` of them."""
 
@@ -360,6 +409,8 @@ CHECKS: dict[str, Check] = {
     "feed": check_feed,
     "wait_for_feed": check_wait_for_feed,
     "meta": check_meta,
+    "meta_prefix": check_meta_prefix,
+    "forget": check_forget,
     "read_ahead": check_read_ahead,
     "dump_load": check_dump_load,
     "reopen": check_reopen,
@@ -402,7 +453,8 @@ class EngineAgreement(RuleBasedStateMachine):
     """Drives the engines of ``specs`` in lockstep; they must agree after every step.
 
     Rules write random batches (new entities, updates on any events, re-sent events,
-    states with random values, meta records, batches that must fail) to every engine,
+    states with random values, meta records, forgotten entities, batches that must fail) to
+    every engine,
     reopen the durable ones and fetch random queries; every write must have the same
     outcome everywhere, every fetch must equal ``sort_rows`` over that engine's scan and
     the other engines' fetch, and all engines must hold the same content
@@ -456,6 +508,13 @@ class EngineAgreement(RuleBasedStateMachine):
     @rule(key=st.sampled_from(["k1", "k2"]), value=st.none() | st.binary(max_size=4))
     def meta(self, key: str, value: bytes | None) -> None:
         self.write_all(WriteBatch(meta=((key, value),)))
+
+    @precondition(lambda self: bool(self.events))
+    @rule(data=st.data())
+    def forget(self, data: st.DataObject) -> None:
+        entity_id = data.draw(st.sampled_from(sorted(self.events)))
+        del self.events[entity_id]
+        self.write_all(WriteBatch(forget=(entity_id,)))
 
     @rule(collection=_COLLECTIONS)
     def failing_batch(self, collection: str) -> None:
