@@ -25,7 +25,9 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     │   ├── StorageReadOnly        the store cannot be written
     │   └── StorageCorrupt         the store's content fails its own checks
     ├── TransactionError
-    │   └── TransactionClosed      a transaction was used after commit or rollback
+    │   ├── TransactionClosed      a transaction was used after commit or rollback
+    │   └── CommitReverted         a local commit was undone: it was built on one the
+    │                              durable peer refused, or its entity was reverted under it
     ├── QueryError                 a query could not be parsed or evaluated (column given)
     └── ProtocolError              the peering protocol failed
         ├── LocalProtocolError     this side was asked to do something the protocol forbids
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 __all__ = [
     "BudgetExceeded",
+    "CommitReverted",
     "ConnectionClosed",
     "DecodeError",
     "Disjoint",
@@ -175,6 +178,16 @@ class TransactionError(MyceliaError):
 
 class TransactionClosed(TransactionError):
     """The transaction (or a handle from it) was used after commit or rollback."""
+
+
+class CommitReverted(TransactionError):
+    """A local commit was undone (ARCHITECTURE.md §7, "a refusal reverts").
+
+    Either it was built on a commit the durable peer refused (``__cause__`` is that
+    refusal), or the entity it edits was reverted to the peer's state while its
+    transaction was open. Nothing of it remains anywhere; redo the edit if it still
+    makes sense.
+    """
 
 
 class QueryError(MyceliaError):

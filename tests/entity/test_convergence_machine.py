@@ -86,7 +86,7 @@ class Convergence(RuleBasedStateMachine):
         node = self.nodes[at]
 
         async def go() -> None:
-            if await node.applier.load(entity) is None:
+            if await node.storage.get_state(entity) is None:
                 return  # this node has not heard of the entity yet
             async with node.context().transaction() as trx:
                 note = await trx.edit(Note, entity)
@@ -158,10 +158,7 @@ class Convergence(RuleBasedStateMachine):
                     if events in seen:
                         assert seen[events] == summary, "replicas with the same events differ"
                     seen[events] = summary
-                    entity_obj = await node.applier.load(entity)
-                    assert entity_obj is not None
-                    result_head = entity_obj.head
-                    assert result_head == state.state.head
+                    assert view.head == state.state.head
 
         self.run(check())
 

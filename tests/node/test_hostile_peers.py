@@ -13,7 +13,6 @@ import mycelia
 from mycelia import Model, Node, Server
 from mycelia.errors import RequestTimeout
 from mycelia.node.identity import NodeKey
-from mycelia.node.peer import PeerConnection
 from mycelia.node.session import PeerSession
 from mycelia.node.transport import memory_pair
 from mycelia.proto import DEFAULT_LIMITS, Clock, EntityId, Event, EventId
@@ -21,6 +20,7 @@ from mycelia.proto.messages import PROTOCOL_VERSION, Message, decode_frame, enco
 from mycelia.proto.peering import (
     Ack,
     CommitRequest,
+    DeltasResponse,
     ErrorResponse,
     GetRequest,
     PresenceProof,
@@ -210,7 +210,7 @@ async def test_forged_and_foreign_parent_events_are_refused_and_nothing_persists
 async def test_a_request_to_a_peer_that_never_answers_times_out() -> None:
     node = await Node.open(MemoryStorage(), durable=False)
     near, far = memory_pair()
-    peer = PeerConnection(node, near, dialed=True, request_timeout=0.2)
+    peer = node.accept(near, request_timeout=0.2, handshake_timeout=10, outgoing_frames=16)
     runner = asyncio.ensure_future(peer.run())
     mute = PeerSession(
         key=NodeKey.generate(), durable=True, system_root=None, limits=DEFAULT_LIMITS
@@ -223,7 +223,7 @@ async def test_a_request_to_a_peer_that_never_answers_times_out() -> None:
             await far.send(frame)
     await peer.wait_ready()
     with pytest.raises(RequestTimeout):
-        await peer.request(lambda rid: GetRequest(rid, ()))
+        await peer.request(lambda rid: GetRequest(rid, ()), expect=DeltasResponse)
     await peer.close()
     await runner
     await node.close()

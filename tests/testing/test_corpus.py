@@ -70,7 +70,7 @@ async def live() -> AsyncIterator[tuple[Fixture, Server]]:
 async def _persisted(node: Node) -> tuple[object, ...]:
     """Everything the node has made durable, plus what it holds pending."""
     records = [record async for record in node.storage.dump()]
-    return (await node.storage.last_offset(), records, len(node.applier.pending))
+    return (await node.storage.last_offset(), records, node.stats().held_events)
 
 
 def _typed(verdict: str) -> bool:

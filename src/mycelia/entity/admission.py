@@ -20,7 +20,7 @@ from mycelia.event_dag import topological_sort
 from mycelia.proto import SYSTEM_COLLECTION, AdmittedEvent, EntityId, Event, EventId
 from mycelia.retrieval import StagingMap
 
-__all__ = ["Admission", "admit", "check_genesis"]
+__all__ = ["Admission", "admit", "admit_fresh", "check_genesis"]
 
 
 @dataclass(slots=True)
@@ -76,6 +76,49 @@ def admit(
         # already applied, but storing it lets the snapshot's history be filled in.)
         staging.stage(AdmittedEvent(event, 1 + max(generations)))
     return outcome
+
+
+def admit_fresh(
+    entity: Entity,
+    group: list[Event],
+    known: Mapping[EventId, AdmittedEvent],
+    *,
+    parents: Mapping[EventId, int],
+    root: EntityId | None,
+) -> list[AdmittedEvent]:
+    """Admit a local transaction's events for one entity, parents first.
+
+    They are fresh (made here on a fork, see the applier), so each parent is staged
+    earlier in the group or a tip of the fork's head, whose generation ``parents`` gives
+    (also when the head here has moved on since the fork). An event already stored is a
+    no-op. Raises InvalidEvent (collection), ForeignSystem / SystemNotReady (genesis) and
+    EventNotFound for a parent the fork did not hold (a bug in the caller).
+    """
+    staged: dict[EventId, AdmittedEvent] = {}
+    for event in group if len(group) == 1 else topological_sort(group):
+        if event.id in known:
+            continue  # the very same event (same parents, same edits) is here already
+        if event.collection != entity.collection:
+            raise InvalidEvent(
+                f"event {event.id} names collection {event.collection!r}, but entity "
+                f"{entity.entity_id} lives in {entity.collection!r}"
+            )
+        if event.is_genesis:
+            check_genesis(event, root)
+            staged[event.id] = AdmittedEvent(event, 1)
+            continue
+        generations = []
+        for parent in event.parent:
+            found = staged.get(parent)
+            generation = found.generation if found is not None else parents.get(parent)
+            if generation is None:
+                raise EventNotFound(
+                    f"local event {event.id} names parent {parent}, which its fork did not hold",
+                    event_id=parent,
+                )
+            generations.append(generation)
+        staged[event.id] = AdmittedEvent(event, 1 + max(generations))
+    return list(staged.values())
 
 
 def _parent_generations(

@@ -1,57 +1,53 @@
 """The node applier: events and states from anywhere become entity state (ARCHITECTURE.md §5).
 
-The ingest discipline, for any batch (one event, a remote commit, a bridge):
+Four ways in, one staging discipline (:meth:`Applier.staging`):
 
-1. group by entity; sort each group topologically (wire order is never trusted);
-2. **admit**: compute each new event's generation from its parents, which must be known —
-   staged earlier in the batch, stored, or named in the head of a snapshot this node holds
-   — and must belong to the same entity; a genesis must bind this node's system root.
-   An event with unknown parents is **held** (:class:`PendingPool`) and its parents are
-   reported as missing; a parent from another entity is rejected;
-3. **stage** the admitted events and compare them with the entity's head; the verdict
-   table (:mod:`mycelia.entity.verdicts`) says what to do; apply every event the head
-   lacks, parents first, and set the head to the comparison's merged head (an antichain);
-4. run the caller's check (policy) on every changed entity before anything is durable;
-5. **commit** events and states in one storage write. If anything fails after step 3,
-   every entity this run touched is evicted from memory, so memory never runs ahead of
-   storage, and nothing is persisted.
+- :meth:`~Applier.ingest` — events from peers or files, in any order: grouped by entity,
+  sorted topologically (wire order is never trusted), **admitted** (each generation is
+  computed from parents that must be known for the same entity — staged earlier in the
+  batch, stored, or named in the head of a snapshot held here; a genesis must bind this
+  node's system root; an event with unknown parents is **held** in the
+  :class:`PendingPool` and its parents reported missing), then placed against the head by
+  comparison (the verdict table of :mod:`mycelia.entity.verdicts` decides);
+- :meth:`~Applier.commit_local` — a local transaction's events. They are *fresh*: made
+  here just now on a fork whose head this node held, so no other event descends from
+  them. Their generations come from the fork's head and they are placed without a walk
+  (the tips they name leave the head, they join it), even if the head has moved on since
+  the fork — a snapshot from the durable peer may have replaced the fork's head with
+  descendants this node holds no events of (the race of the client-side issue);
+- :meth:`~Applier.ingest_states` — state snapshots from a durable peer, merged (every
+  backend is a state CRDT; the head is decided by comparison);
+- :meth:`~Applier.reset` — an ephemeral node replaces entities with its durable peer's
+  state (a refused commit is reverted, ARCHITECTURE.md §7) and replays its own kept
+  commits on top.
 
-``atomic=True`` (a remote commit, a local transaction) makes the whole batch succeed or
-fail together; otherwise a bad entity is reported in :attr:`IngestResult.errors` and the
-others proceed. An event already stored is a no-op.
+Staging: a run takes the entity locks in sorted order (no deadlock between runs), plans
+in memory, runs the caller's check (policy) on every changed entity before anything is
+durable, and on normal exit makes events, states and meta records durable in **one**
+storage write. On any error every entity the run touched is evicted from memory, so
+memory never runs ahead of storage, and nothing is persisted.
+
+``atomic=True`` (a remote commit) makes an :meth:`ingest` batch succeed or fail together;
+otherwise a bad entity is reported in :attr:`IngestResult.errors` and the others proceed.
+An event already stored is a no-op.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
-from mycelia.entity.admission import admit
+from mycelia.entity.admission import admit, admit_fresh
 from mycelia.entity.entity import Entity, Snapshot
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.residents import Residents
 from mycelia.entity.verdicts import Action, action_for, head_after, rejection
-from mycelia.errors import (
-    EventNotFound,
-    InvalidEvent,
-    MyceliaError,
-)
-from mycelia.event_dag import (
-    DEFAULT_BUDGET,
-    compare,
-    missing,
-)
-from mycelia.proto import (
-    AdmittedEvent,
-    Clock,
-    EntityId,
-    EntityState,
-    Event,
-    EventId,
-)
+from mycelia.errors import CommitReverted, EventNotFound, InvalidEvent, MyceliaError
+from mycelia.event_dag import DEFAULT_BUDGET, compare, missing
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
 from mycelia.retrieval import (
     CachedGetter,
     EntityStore,
@@ -62,9 +58,11 @@ from mycelia.retrieval import (
     WriteBatch,
 )
 
-__all__ = ["Applier", "EntityChange", "EventCheck", "IngestResult"]
+__all__ = ["Applier", "EntityChange", "EventCheck", "ForkBase", "IngestResult"]
 
 log = logging.getLogger(__name__)
+
+Meta = tuple[tuple[str, bytes | None], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +101,50 @@ EventCheck = Callable[[Snapshot, Snapshot, AdmittedEvent], None]
 """A policy hook run before durability: (before, after, event); raise PolicyDenied to refuse."""
 
 
+@dataclass(frozen=True, slots=True)
+class ForkBase:
+    """What a transaction's fork of an entity started from (see :meth:`Applier.base`)."""
+
+    head: Mapping[EventId, int]
+    """The fork's head, id → generation: the parents (and generations) of its event."""
+    epoch: int
+    """The entity's reset count when forked: a reset since then voids the fork."""
+
+
+NEW_ENTITY = ForkBase({}, 0)
+"""The base of an entity created by the transaction itself."""
+
+
 @dataclass(slots=True)
 class _Plan:
     entity: Entity
     before: Snapshot
     staged: list[AdmittedEvent]
+    """Events to store (new to this node)."""
     applied: list[AdmittedEvent]
+    """Events applied to the entity, parents first."""
     changed: set[str]
+    snapshot: bool = False
+    """A merged or replaced state: written (and reported) even when no event applied."""
+
+
+@dataclass(slots=True)
+class _Run:
+    """One staging run's plans and what is written with them (see :meth:`Applier.staging`)."""
+
+    meta: Meta
+    forget: tuple[EntityId, ...]
+    plans: list[_Plan] = field(default_factory=list)
+
+    def add(self, plan: _Plan | None, check: EventCheck | None = None) -> None:
+        """Keep ``plan`` for the write, after ``check`` passed on every applied event."""
+        if plan is None:
+            return
+        if check is not None:
+            after = plan.entity.snapshot()
+            for applied in plan.applied:
+                check(plan.before, after, applied)
+        self.plans.append(plan)
 
 
 class Applier:
@@ -122,6 +157,7 @@ class Applier:
         *,
         durable: bool,
         system_root: Callable[[], EntityId | None],
+        remote: RemoteEvents | None = None,
         pending: PendingPool | None = None,
         budget: int = DEFAULT_BUDGET,
     ) -> None:
@@ -129,136 +165,24 @@ class Applier:
         self._residents = residents
         self._durable = durable
         self._system_root = system_root
+        self._remote = remote
+        """An ephemeral node's durable peer, asked for history it does not hold."""
         self._pending = pending if pending is not None else PendingPool()
         self._budget = budget
         self._locks: dict[EntityId, asyncio.Lock] = {}
-        self.remote: RemoteEvents | None = None
-        """An ephemeral node's durable peer, asked for history it does not hold."""
+        self._epochs: dict[EntityId, int] = {}
 
     @property
     def pending(self) -> PendingPool:
         """Events held for missing parents."""
         return self._pending
 
-    async def ingest(
-        self,
-        events: Iterable[Event],
-        *,
-        atomic: bool = False,
-        check: EventCheck | None = None,
-        meta: tuple[tuple[str, bytes | None], ...] = (),
-        dry_run: bool = False,
-    ) -> IngestResult:
-        """Admit, apply and commit ``events`` (any order, duplicates welcome).
-
-        ``meta`` records are written in the same storage write as the first batch.
-        ``dry_run`` does everything but the write (and forgets what it applied): the checks
-        run, the errors are raised, nothing changes.
-        Raises (atomic runs, or any run's storage failure) the first MyceliaError; in
-        non-atomic runs refused entities are reported in the result instead.
-        """
-        result = IngestResult()
-        batch = list(events)
-        while batch:
-            await self._ingest_once(
-                batch, atomic=atomic, check=check, result=result, meta=meta, dry_run=dry_run
-            )
-            if dry_run:
-                return result
-            meta = ()
-            # Events that waited for what was just admitted get their turn now.
-            batch = self._pending.release(e.id for e in result.stored)
-            atomic = False
-        result.missing -= {e.id for e in result.stored}
-        return result
-
-    async def ingest_state(self, incoming: EntityState) -> IngestResult:
-        """Merge one state snapshot from a peer; see :meth:`ingest_states`."""
-        return await self.ingest_states([incoming])
-
-    async def ingest_states(
-        self, states: Sequence[EntityState], *, bases: Mapping[EntityId, Clock] | None = None
-    ) -> IngestResult:
-        """Merge state snapshots from a peer (ARCHITECTURE.md §7: a snapshot, not events).
-
-        Every backend is a state-based CRDT, so merging is always correct for the values;
-        the head becomes the maximal ids of both heads (by comparison; if the history
-        needed to decide is not here, both heads are kept, which later comparisons handle).
-        ``bases`` holds, per entity, a head its snapshot strictly descends from, on the
-        word of a trusted peer: while the entity here has exactly that head, the
-        snapshot's head is taken without a comparison (pass only what the durable peer of
-        an ephemeral node said). An older or equal snapshot is a no-op. All the merged
-        states are written at once. Raises DecodeError for malformed buffers and
-        InvalidEvent for a snapshot that contradicts the entity (another collection);
-        nothing is written then.
-        """
-        bases = bases or {}
-        result = IngestResult()
-        by_id = {s.entity_id: s for s in states}
-        async with AsyncExitStack() as stack:
-            for entity_id in sorted(by_id):
-                await stack.enter_async_context(self.lock(entity_id))
-            plans: list[_Plan] = []
-            try:
-                for incoming in by_id.values():
-                    plan = await self._merge_state(incoming, bases.get(incoming.entity_id))
-                    if plan is not None:
-                        plans.append(plan)
-            except BaseException:
-                for entity_id in by_id:
-                    self._residents.evict(entity_id)
-                raise
-            await self._commit(plans, result, states_only=True)
-        return result
-
-    async def _merge_state(self, incoming: EntityState, base: Clock | None) -> _Plan | None:
-        entity_id = incoming.entity_id
-        entity = await self.load(entity_id)
-        if entity is not None and incoming.collection != entity.collection:
-            raise InvalidEvent(
-                f"snapshot of {entity_id} names collection {incoming.collection!r}, "
-                f"not {entity.collection!r}"
-            )
-        if entity is None or not entity.exists:
-            fresh = Entity.from_state(incoming)
-            before = Entity.empty(entity_id, incoming.collection).snapshot()
-            self._residents.put(fresh)
-            return _Plan(fresh, before, [], [], set(fresh.values()))
-        before = entity.snapshot()
-        if base is not None and entity.head == base:
-            changed = entity.merge_state(incoming)
-            entity.set_head(incoming.state.head_generations())
-            self._residents.put(entity)
-            return _Plan(entity, before, [], [], changed)
-        getter = self._getter(entity_id, StagingMap())
-        head = await self._merged_head(entity, incoming, getter)
-        if head is None:
-            return None
-        changed = entity.merge_state(incoming)
-        entity.set_head(head)
-        self._residents.put(entity)
-        return _Plan(entity, before, _fetched(getter), [], changed)
-
-    async def _merged_head(
-        self, entity: Entity, incoming: EntityState, getter: LocalGetter
-    ) -> dict[EventId, int] | None:
-        """The head after merging ``incoming`` (``None``: it adds nothing)."""
-        hints = {**entity.head_generations, **incoming.state.head_generations()}
-        try:
-            outcome = await compare(
-                getter, incoming.state.head, entity.head, budget=self._budget, hints=hints
-            )
-        except EventNotFound:
-            log.info(
-                "merging a snapshot of %s without its history: keeping both heads", entity.entity_id
-            )
-            return hints
-        action = action_for(outcome.relation)
-        if action is Action.NOTHING:
-            return None
-        if action is Action.REJECT:
-            raise rejection(outcome.relation, entity.entity_id)
-        return dict(outcome.merged_head)
+    def lock(self, entity_id: EntityId) -> asyncio.Lock:
+        """The lock that serialises changes to one entity."""
+        lock = self._locks.get(entity_id)
+        if lock is None:
+            lock = self._locks[entity_id] = asyncio.Lock()
+        return lock
 
     async def load(self, entity_id: EntityId) -> Entity | None:
         """The resident entity, loading its stored state if needed (``None`` if unknown)."""
@@ -269,18 +193,86 @@ class Applier:
                 entity = self._residents.put(Entity.from_state(stored))
         return entity
 
-    def _getter(self, entity_id: EntityId, staging: StagingMap) -> LocalGetter:
-        """Staging and storage, then (on an ephemeral node with a peer) the peer."""
-        if self.remote is None:
-            return LocalGetter(staging, self._store, definitive=self._durable)
-        return CachedGetter(staging, self._store, self.remote, entity_id=entity_id)
+    def base(self, entity: Entity) -> ForkBase:
+        """What a transaction forking ``entity`` now starts from (give it to commit_local)."""
+        return ForkBase(entity.head_generations, self._epochs.get(entity.entity_id, 0))
 
-    def lock(self, entity_id: EntityId) -> asyncio.Lock:
-        """The lock that serialises changes to one entity."""
-        lock = self._locks.get(entity_id)
-        if lock is None:
-            lock = self._locks[entity_id] = asyncio.Lock()
-        return lock
+    @asynccontextmanager
+    async def staging(
+        self,
+        entity_ids: Iterable[EntityId],
+        result: IngestResult,
+        *,
+        meta: Meta = (),
+        forget: tuple[EntityId, ...] = (),
+    ) -> AsyncIterator[_Run]:
+        """A staging run over ``entity_ids``: locks taken in sorted order; plans added to
+        the run are written in one storage write on normal exit (with ``meta`` and
+        ``forget``, reported in ``result``); on any error every entity is evicted from
+        memory and nothing is written."""
+        ids = sorted(set(entity_ids))
+        async with AsyncExitStack() as stack:
+            for entity_id in ids:  # one global order: no deadlock between runs
+                await stack.enter_async_context(self.lock(entity_id))
+            run = _Run(meta, forget)
+            try:
+                yield run
+                await self._write(run, result)
+            except BaseException:
+                for entity_id in ids:
+                    self._residents.evict(entity_id)
+                raise
+
+    async def _write(self, run: _Run, result: IngestResult) -> None:
+        plans = run.plans
+        if not (plans or run.meta or run.forget):
+            return
+        events = tuple(e for plan in plans for e in plan.staged)
+        states = tuple(
+            StoredState(p.entity.to_state(), p.entity.snapshot().values)
+            for p in plans
+            if (p.applied or p.snapshot) and p.entity.exists
+        )
+        batch = WriteBatch(events=events, states=states, meta=run.meta, forget=run.forget)
+        await self._store.write(batch)
+        result.stored.extend(events)
+        for plan in plans:
+            # A snapshot that only moves the head, or creates an entity with no values yet,
+            # is still a change: live queries and subscribers must hear of it.
+            moved = plan.changed or plan.before.head != plan.entity.head
+            if plan.applied or (plan.snapshot and moved):
+                after = plan.entity.snapshot()
+                events_applied = tuple(plan.applied)
+                result.changes.append(
+                    EntityChange(plan.before, after, events_applied, frozenset(plan.changed))
+                )
+
+    # -- events from anywhere ------------------------------------------------------------
+
+    async def ingest(
+        self,
+        events: Iterable[Event],
+        *,
+        atomic: bool = False,
+        check: EventCheck | None = None,
+        meta: Meta = (),
+    ) -> IngestResult:
+        """Admit, apply and commit ``events`` (any order, duplicates welcome).
+
+        ``meta`` records are written in the same storage write as the first batch.
+        Raises (atomic runs, or any run's storage failure) the first MyceliaError; in
+        non-atomic runs refused entities are reported in the result instead.
+        """
+        result = IngestResult()
+        batch = list(events)
+        while batch:
+            await self._ingest_once(batch, atomic=atomic, check=check, result=result, meta=meta)
+            meta = ()
+            # Events that waited for what was just admitted get their turn now.
+            batch = self._pending.release(e.id for e in result.stored)
+            atomic = False
+        result.missing -= {e.id for e in result.stored}
+        return result
 
     async def _ingest_once(
         self,
@@ -289,78 +281,21 @@ class Applier:
         atomic: bool,
         check: EventCheck | None,
         result: IngestResult,
-        meta: tuple[tuple[str, bytes | None], ...],
-        dry_run: bool = False,
+        meta: Meta,
     ) -> None:
-        groups: dict[EntityId, list[Event]] = {}
-        for event in events:
-            groups.setdefault(event.entity_id, []).append(event)
-        async with AsyncExitStack() as stack:
-            for entity_id in sorted(groups):  # one global order: no deadlock between runs
-                await stack.enter_async_context(self.lock(entity_id))
+        groups = _groups(events)
+        async with self.staging(groups, result, meta=meta) as run:
             wanted = {e.id for e in events} | {p for e in events for p in e.parent}
             known = await self._store.get_events(wanted)
-            plans: list[_Plan] = []
             for entity_id, group in groups.items():
                 try:
-                    plan = await self._plan(entity_id, group, known, result, atomic=atomic)
-                    if plan is not None and check is not None:
-                        after = plan.entity.snapshot()
-                        for applied in plan.applied:
-                            check(plan.before, after, applied)
+                    run.add(await self._plan(entity_id, group, known, result, atomic=atomic), check)
                 except MyceliaError as exc:
                     self._residents.evict(entity_id)
                     if atomic:
-                        for plan in plans:
-                            self._residents.evict(plan.entity.entity_id)
                         raise
                     log.info("refused events for entity %s: %s", entity_id, exc)
                     result.errors[entity_id] = exc
-                    continue
-                if plan is not None:
-                    plans.append(plan)
-            if dry_run:
-                for plan in plans:
-                    self._residents.evict(plan.entity.entity_id)
-                return
-            await self._commit(plans, result, meta=meta)
-
-    async def _commit(
-        self,
-        plans: list[_Plan],
-        result: IngestResult,
-        *,
-        states_only: bool = False,
-        meta: tuple[tuple[str, bytes | None], ...] = (),
-    ) -> None:
-        if not plans:
-            return
-        events = tuple(e for plan in plans for e in plan.staged)
-        states = tuple(
-            StoredState(p.entity.to_state(), p.entity.snapshot().values)
-            for p in plans
-            if p.applied or states_only
-        )
-        try:
-            await self._store.write(WriteBatch(events=events, states=states, meta=meta))
-        except BaseException:
-            for plan in plans:
-                self._residents.evict(plan.entity.entity_id)
-            raise
-        result.stored.extend(events)
-        for plan in plans:
-            # A snapshot that only moves the head, or creates an entity with no values yet,
-            # is still a change: live queries and subscribers must hear of it.
-            moved = plan.changed or plan.before.head != plan.entity.head
-            if plan.applied or (states_only and moved):
-                result.changes.append(
-                    EntityChange(
-                        plan.before,
-                        plan.entity.snapshot(),
-                        tuple(plan.applied),
-                        frozenset(plan.changed),
-                    )
-                )
 
     async def _plan(
         self,
@@ -388,12 +323,8 @@ class Applier:
         applied, head = await self._place(entity, staged, getter)
         staged = [*staged, *(e for e in _fetched(getter) if e.id not in staging)]
         changed: set[str] = set()
-        try:
-            for event in applied:
-                changed |= entity.apply(event)
-        except MyceliaError:
-            self._residents.evict(entity_id)
-            raise
+        for event in applied:
+            changed |= entity.apply(event)
         if applied:
             entity.set_head(head)
             self._residents.put(entity)
@@ -433,6 +364,195 @@ class Applier:
             raise rejection(outcome.relation, entity.entity_id)
         applied = list(outcome.subject_only)
         return applied, head_after(entity.head_generations, applied)
+
+    def _getter(self, entity_id: EntityId, staging: StagingMap) -> LocalGetter:
+        """Staging and storage, then (on an ephemeral node with a peer) the peer."""
+        if self._remote is None:
+            return LocalGetter(staging, self._store, definitive=self._durable)
+        return CachedGetter(staging, self._store, self._remote, entity_id=entity_id)
+
+    # -- a local transaction ---------------------------------------------------------------
+
+    async def commit_local(
+        self,
+        events: Sequence[Event],
+        *,
+        bases: Mapping[EntityId, ForkBase],
+        check: EventCheck | None = None,
+        record: Callable[[list[AdmittedEvent]], Meta] | None = None,
+    ) -> IngestResult:
+        """Commit one local transaction's fresh events atomically (see the module docstring).
+
+        ``bases`` holds each edited entity's :class:`ForkBase` (an entity the transaction
+        created needs none). ``record`` is called with the events to store, once planned
+        and checked; the meta records it returns are written with them (the outbox).
+        Raises CommitReverted if an entity was reset since its fork, the check's
+        PolicyDenied, or StorageError; nothing is written then.
+        """
+        result = IngestResult()
+        groups = _groups(events)
+        async with self.staging(groups, result) as run:
+            known = await self._store.get_events([e.id for e in events])
+            for entity_id, group in groups.items():
+                base = bases.get(entity_id, NEW_ENTITY)
+                if self._epochs.get(entity_id, 0) != base.epoch:
+                    raise CommitReverted(
+                        f"entity {entity_id} was reverted to the durable peer's state while "
+                        "this transaction was open: nothing was committed; redo the edit"
+                    )
+                run.add(await self._plan_fresh(entity_id, group, base, known), check)
+            if record is not None:
+                run.meta = (*run.meta, *record([e for p in run.plans for e in p.staged]))
+        return result
+
+    async def _plan_fresh(
+        self,
+        entity_id: EntityId,
+        group: list[Event],
+        base: ForkBase,
+        known: Mapping[EventId, AdmittedEvent],
+    ) -> _Plan | None:
+        entity = await self.load(entity_id)
+        if entity is None:
+            entity = Entity.empty(entity_id, group[0].collection)
+        staged = admit_fresh(entity, group, known, parents=base.head, root=self._system_root())
+        if not staged:
+            return None
+        before = entity.snapshot()
+        changed: set[str] = set()
+        for event in staged:
+            changed |= entity.apply(event)
+        entity.set_head(head_after(entity.head_generations, staged))
+        self._residents.put(entity)
+        return _Plan(entity, before, staged, staged, changed)
+
+    # -- snapshots -----------------------------------------------------------------------
+
+    async def ingest_states(
+        self, states: Sequence[EntityState], *, bases: Mapping[EntityId, Clock] | None = None
+    ) -> IngestResult:
+        """Merge state snapshots from a peer (ARCHITECTURE.md §7: a snapshot, not events).
+
+        Every backend is a state-based CRDT, so merging is always correct for the values;
+        the head becomes the maximal ids of both heads (by comparison; if the history
+        needed to decide is not here, both heads are kept, which later comparisons handle).
+        ``bases`` holds, per entity, a head its snapshot strictly descends from, on the
+        word of a trusted peer: while the entity here has exactly that head, the
+        snapshot's head is taken without a comparison (pass only what the durable peer of
+        an ephemeral node said). An older or equal snapshot is a no-op. All the merged
+        states are written at once. Raises DecodeError for malformed buffers and
+        InvalidEvent for a snapshot that contradicts the entity (another collection);
+        nothing is written then.
+        """
+        bases = bases or {}
+        result = IngestResult()
+        by_id = {s.entity_id: s for s in states}
+        async with self.staging(by_id, result) as run:
+            for incoming in by_id.values():
+                run.add(await self._merge_state(incoming, bases.get(incoming.entity_id)))
+        return result
+
+    async def _merge_state(self, incoming: EntityState, base: Clock | None) -> _Plan | None:
+        entity_id = incoming.entity_id
+        entity = await self.load(entity_id)
+        if entity is not None and incoming.collection != entity.collection:
+            raise InvalidEvent(
+                f"snapshot of {entity_id} names collection {incoming.collection!r}, "
+                f"not {entity.collection!r}"
+            )
+        if entity is None or not entity.exists:
+            fresh = Entity.from_state(incoming)
+            before = Entity.empty(entity_id, incoming.collection).snapshot()
+            self._residents.put(fresh)
+            return _Plan(fresh, before, [], [], set(fresh.values()), snapshot=True)
+        before = entity.snapshot()
+        if base is not None and entity.head == base:
+            changed = entity.merge_state(incoming)
+            entity.set_head(incoming.state.head_generations())
+            self._residents.put(entity)
+            return _Plan(entity, before, [], [], changed, snapshot=True)
+        getter = self._getter(entity_id, StagingMap())
+        head = await self._merged_head(entity, incoming, getter)
+        if head is None:
+            return None
+        changed = entity.merge_state(incoming)
+        entity.set_head(head)
+        self._residents.put(entity)
+        return _Plan(entity, before, _fetched(getter), [], changed, snapshot=True)
+
+    async def _merged_head(
+        self, entity: Entity, incoming: EntityState, getter: LocalGetter
+    ) -> dict[EventId, int] | None:
+        """The head after merging ``incoming`` (``None``: it adds nothing)."""
+        hints = {**entity.head_generations, **incoming.state.head_generations()}
+        try:
+            outcome = await compare(
+                getter, incoming.state.head, entity.head, budget=self._budget, hints=hints
+            )
+        except EventNotFound:
+            log.info(
+                "merging a snapshot of %s without its history: keeping both heads", entity.entity_id
+            )
+            return hints
+        action = action_for(outcome.relation)
+        if action is Action.NOTHING:
+            return None
+        if action is Action.REJECT:
+            raise rejection(outcome.relation, entity.entity_id)
+        return dict(outcome.merged_head)
+
+    async def reset(
+        self,
+        replacements: Mapping[EntityId, EntityState | None],
+        *,
+        replay: Sequence[AdmittedEvent] = (),
+        meta: Meta = (),
+    ) -> IngestResult:
+        """Replace entities with a durable peer's state (``None``: the peer has none), then
+        replay ``replay`` — this node's own commits on them that the peer does not hold,
+        fresh for it, parents first — on top; in one write, with ``meta``.
+
+        Only an ephemeral node resets (its store is a cache): each entity is forgotten
+        whole and rebuilt, and a transaction that forked it before fails with
+        CommitReverted. The change reported goes from what this node showed to the result.
+        """
+        result = IngestResult()
+        forget = tuple(sorted(replacements))
+        async with self.staging(forget, result, meta=meta, forget=forget) as run:
+            for entity_id, state in replacements.items():
+                current = await self.load(entity_id)
+                self._epochs[entity_id] = self._epochs.get(entity_id, 0) + 1
+                if state is not None:
+                    entity = Entity.from_state(state)
+                elif current is not None:
+                    entity = Entity.empty(entity_id, current.collection)
+                else:
+                    continue
+                before = (current or Entity.empty(entity_id, entity.collection)).snapshot()
+                mine = [e for e in replay if e.entity_id == entity_id]
+                for event in mine:
+                    entity.apply(event)
+                if mine:
+                    entity.set_head(head_after(entity.head_generations, mine))
+                if entity.exists:
+                    self._residents.put(entity)
+                else:
+                    self._residents.evict(entity_id)
+                changed = _differing(before, entity)
+                run.add(_Plan(entity, before, mine, mine, changed, snapshot=True))
+        return result
+
+
+def _groups(events: Iterable[Event]) -> dict[EntityId, list[Event]]:
+    groups: dict[EntityId, list[Event]] = {}
+    for event in events:
+        groups.setdefault(event.entity_id, []).append(event)
+    return groups
+
+
+def _differing(before: Snapshot, entity: Entity) -> set[str]:
+    after = entity.values()
+    return {k for k in before.values.keys() | after.keys() if before.values.get(k) != after.get(k)}
 
 
 def _fetched(getter: LocalGetter) -> list[AdmittedEvent]:

@@ -1,84 +1,162 @@
-"""Client connections: a node dials a durable peer and keeps the link alive (ARCHITECTURE.md §7).
+"""Connections: a node dials its durable peer and keeps a session with it (ARCHITECTURE.md §7).
 
-:func:`connect` returns a :class:`Connection` that reconnects with backoff until closed.
-After every (re)connection, before it reports ready, it:
-
-1. joins the server's system if this node has none (a node of another system is refused);
-2. pushes the **outbox** — commits made while no durable peer was reachable, kept in
-   storage as sealed event bytes — until the server confirms them (retries are harmless:
-   events are deduplicated by id);
-3. re-establishes every remote subscription, sending the heads it holds, so it catches up
-   with bridges or snapshots and learns which entities left each query while it was away.
-
-Pushed updates are applied through the normal applier path; events whose parents are
-missing are fetched from the server (``GetEvents``) before anything is given up on.
+:func:`connect` returns a :class:`Connection`. A connection only dials, redials with
+backoff until it is closed, and carries requests; each session it opens is a
+:class:`~mycelia.node.peer.PeerConnection` over a fresh transport, which the node's
+upstream prepares (system joined, owed commits pushed, subscriptions re-established)
+before the link turns READY. The state itself lives in the node's
+:class:`~mycelia.node.upstream.Link`, the one place that defines it; a connection shows it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from typing import Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from websockets.asyncio.client import connect as ws_connect
 
-from mycelia.entity import EntityChange, IngestResult
 from mycelia.errors import (
     ConnectionClosed,
+    InvalidArgument,
     MyceliaError,
     PresenceRejected,
-    ProtocolError,
-    RemoteError,
 )
 from mycelia.node.peer import PeerConnection
+from mycelia.node.ports import MakeRequest, Session
 from mycelia.node.transport import Transport, WebsocketTransport
-from mycelia.proto import Clock, EventId
+from mycelia.node.upstream import ConnectionState, Link
+from mycelia.proto import Limits
 from mycelia.proto.messages import Message
-from mycelia.proto.peering import (
-    CommitRequest,
-    Delta,
-    EventsResponse,
-    GetEventsRequest,
-    SubscriptionUpdate,
-    SystemRequest,
-)
 
-if TYPE_CHECKING:
-    from mycelia.node.node import Node
-
-__all__ = ["Connection", "ConnectionState", "connect"]
+__all__ = ["Connection", "ConnectionState", "Dialer", "connect"]
 
 log = logging.getLogger(__name__)
 
-MAX_FETCH_ROUNDS: Final = 64
-"""Rounds of asking the server for missing parents before events are left pending."""
-
-
-class ConnectionState(enum.Enum):
-    """What a :class:`Connection` is doing."""
-
-    CONNECTING = "connecting"
-    READY = "ready"
-    """Connected, system joined, outbox pushed, subscriptions re-established."""
-    DISCONNECTED = "disconnected"
-    """Between attempts (the last error is in :attr:`Connection.error`)."""
-    CLOSED = "closed"
-
+M = TypeVar("M", bound=Message)
 
 Dialer = Callable[[], Awaitable[Transport]]
-ReadyHook = Callable[["Connection"], Awaitable[None]]
+"""Opens a fresh transport to the durable peer (raises OSError or a MyceliaError)."""
 
 
 class Connection:
-    """A node's link to one durable peer; reconnects until :meth:`close`."""
+    """A node's link to its durable peer; redials until :meth:`close` (see the module)."""
 
     def __init__(
         self,
-        node: Node,
+        dial: Dialer,
+        *,
+        link: Link,
+        open_session: Callable[[Transport], PeerConnection],
+        prepare: Callable[[Session], Awaitable[None]],
+        finish: Callable[[], Awaitable[None]],
+        min_backoff: float,
+        max_backoff: float,
+        rng: random.Random,
+    ) -> None:
+        self._dial = dial
+        self._link = link
+        self._open_session = open_session
+        self._prepare = prepare
+        self._finish = finish
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._rng = rng
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> ConnectionState:
+        """What the connection is doing now (see :class:`ConnectionState`)."""
+        return self._link.state
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the last session ended or the last attempt failed (``None`` before any)."""
+        return self._link.error
+
+    def start(self) -> None:
+        """Start dialing (``connect`` does this)."""
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until READY; TimeoutError after ``timeout``, ConnectionClosed once closed."""
+        await self._link.wait_ready(timeout)
+
+    async def wait_state(self, state: ConnectionState, timeout: float | None = None) -> None:
+        """Wait until the connection is in ``state`` (TimeoutError after ``timeout``)."""
+        await self._link.wait_state(state, timeout)
+
+    async def request(
+        self, make: MakeRequest, *, expect: type[M], timeout: float | None = None
+    ) -> M:
+        """A request to the durable peer; raises ConnectionClosed when not connected."""
+        return await self._link.request(make, expect=expect, timeout=timeout)
+
+    async def close(self) -> None:
+        """Stop redialing, close the session and wait for its work to end (confirmed
+        commits settled)."""
+        await self._link.set_state(ConnectionState.CLOSED)
+        session = self._link.session
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if session is not None:
+            await session.close()
+        await self._finish()
+
+    async def _loop(self) -> None:
+        link = self._link
+        backoff = self._min_backoff
+        while link.state is not ConnectionState.CLOSED:
+            await link.set_state(ConnectionState.CONNECTING)
+            try:
+                await self._session()
+                backoff = self._min_backoff  # a session that got ready resets the backoff
+            except PresenceRejected as exc:
+                link.error = exc
+                log.warning("the durable peer refused this node: %s", exc)
+                backoff = self._max_backoff  # do not hammer a peer that refuses us
+            except (MyceliaError, OSError, TimeoutError) as exc:
+                link.error = exc
+                log.info("connection to the durable peer failed: %s", exc)
+            await link.set_state(ConnectionState.DISCONNECTED)
+            await asyncio.sleep(backoff * (0.5 + self._rng.random()))  # reconnect backoff
+            backoff = min(backoff * 2, self._max_backoff)
+
+    async def _session(self) -> None:
+        peer = self._open_session(await self._dial())
+        runner = asyncio.ensure_future(peer.run())
+        try:
+            await peer.wait_ready()
+            if not peer.peer_durable:
+                raise PresenceRejected("the peer this node dialed is not a durable node")
+            self._link.session = peer
+            await self._prepare(peer)
+            await self._link.set_state(ConnectionState.READY)
+            await peer.wait_closed()
+        finally:
+            self._link.session = None
+            await peer.close()
+            await runner
+        if peer.error is not None and not isinstance(peer.error, ConnectionClosed):
+            raise peer.error
+
+
+class Dialable(Protocol):
+    """What :func:`connect` needs of a node."""
+
+    @property
+    def limits(self) -> Limits:
+        """The node's decode limits (the largest frame it takes)."""
+        ...
+
+    def attach(
+        self,
         dial: Dialer,
         *,
         token: bytes | None,
@@ -86,188 +164,13 @@ class Connection:
         max_backoff: float,
         request_timeout: float,
         rng: random.Random,
-    ) -> None:
-        self.node = node
-        self._dial = dial
-        self._token = token
-        self._min_backoff = min_backoff
-        self._max_backoff = max_backoff
-        self._request_timeout = request_timeout
-        self._rng = rng
-        self.state = ConnectionState.CONNECTING
-        self.error: BaseException | None = None
-        self.peer: PeerConnection | None = None
-        self._changed = asyncio.Condition()
-        self._ready_hooks: list[ReadyHook] = []
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """Start the connect loop (``connect`` does this)."""
-        self._task = asyncio.ensure_future(self._loop())
-
-    def on_ready(self, hook: ReadyHook) -> Callable[[], None]:
-        """Run ``hook`` after every (re)connection, before the state becomes READY."""
-        self._ready_hooks.append(hook)
-        return lambda: self._ready_hooks.remove(hook)
-
-    async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until the connection is READY (raises TimeoutError after ``timeout``)."""
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(
-                lambda: self.state in (ConnectionState.READY, ConnectionState.CLOSED)
-            )
-        if self.state is ConnectionState.CLOSED:
-            raise ConnectionClosed("the connection was closed")
-
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        """Alias of :meth:`wait_ready`: a connection counts once it is usable."""
-        await self.wait_ready(timeout)
-
-    async def wait_state(self, state: ConnectionState, timeout: float | None = None) -> None:
-        """Wait until the connection is in ``state``."""
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(lambda: self.state is state)
-
-    async def request(
-        self, make: Callable[[int], Message], *, timeout: float | None = None
-    ) -> Message:
-        """A request to the server; raises ConnectionClosed when not connected."""
-        peer = self.peer
-        if peer is None or not peer.ready:
-            raise ConnectionClosed("not connected to the server")
-        return await peer.request(make, timeout=timeout)
-
-    async def close(self) -> None:
-        """Stop reconnecting and close the link."""
-        await self._set_state(ConnectionState.CLOSED)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self.peer is not None:
-            await self.peer.close()
-
-    async def _set_state(self, state: ConnectionState) -> None:
-        async with self._changed:
-            if self.state is not ConnectionState.CLOSED:
-                self.state = state
-            self._changed.notify_all()
-
-    async def _loop(self) -> None:
-        backoff = self._min_backoff
-        while self.state is not ConnectionState.CLOSED:
-            await self._set_state(ConnectionState.CONNECTING)
-            try:
-                await self._session()
-                backoff = self._min_backoff  # a session that got ready resets the backoff
-            except PresenceRejected as exc:
-                self.error = exc
-                log.warning("the server refused this node: %s", exc)
-                backoff = self._max_backoff  # do not hammer a server that refuses us
-            except (MyceliaError, OSError, TimeoutError) as exc:
-                self.error = exc
-                log.info("connection failed: %s", exc)
-            await self._set_state(ConnectionState.DISCONNECTED)
-            await asyncio.sleep(backoff * (0.5 + self._rng.random()))  # reconnect backoff
-            backoff = min(backoff * 2, self._max_backoff)
-
-    async def _session(self) -> None:
-        transport = await self._dial()
-        peer = PeerConnection(
-            self.node,
-            transport,
-            dialed=True,
-            token=self._token,
-            on_update=self._on_update,
-            request_timeout=self._request_timeout,
-        )
-        self.peer = peer
-        runner = asyncio.ensure_future(peer.run())
-        try:
-            await peer.wait_ready()
-            await self._prepare(peer)
-            await self._set_state(ConnectionState.READY)
-            await peer.wait_closed()
-        finally:
-            await peer.close()
-            await runner
-            self.node.responder.forget(peer)
-        if peer.error is not None and not isinstance(peer.error, ConnectionClosed):
-            raise peer.error
-
-    async def _prepare(self, peer: PeerConnection) -> None:
-        if not peer.peer_durable:
-            raise ProtocolError("the server is not a durable node")
-        if self.node.system_root is None:
-            response = await peer.request(SystemRequest)
-            assert isinstance(response, EventsResponse)
-            await self.node.join_system(response.events)
-        await self.push_outbox()
-        for hook in list(self._ready_hooks):
-            await hook(self)
-
-    async def push_outbox(self) -> None:
-        """Send owed commits to the server until it confirms them."""
-        owed = await self.node.outbox.pending()
-        limit = self.node.limits.max_batch_events
-        for start in range(0, len(owed), limit):
-            batch = tuple(owed[start : start + limit])
-            try:
-                await self.request(lambda rid, b=batch: CommitRequest(rid, b))  # type: ignore[misc]
-            except RemoteError as exc:
-                # The server will never take these (policy, another system): keeping them
-                # owed forever would block everything after them. Log and drop.
-                log.error("the server refused %d owed events (%s): dropping them", len(batch), exc)
-            await self.node.outbox.settle(e.id for e in batch)
-
-    async def _on_update(self, peer: PeerConnection, update: SubscriptionUpdate) -> None:
-        await self.apply_deltas(update.deltas)
-
-    async def apply_deltas(self, deltas: tuple[Delta, ...]) -> list[EntityChange]:
-        """Apply deltas from the server (states merged, events ingested, gaps fetched)."""
-        changes: list[EntityChange] = []
-        events = [e for d in deltas for e in d.events]
-        states = [d.state for d in deltas if d.state is not None]
-        # An ephemeral node trusts its durable peer's states, so also its word that a state
-        # descends from the head held here; a durable node takes no head on a peer's word.
-        bases = {
-            d.entity_id: Clock(d.base)
-            for d in deltas
-            if d.state is not None and d.base is not None and not self.node.durable
-        }
-        if states:
-            result = await self.node.applier.ingest_states(states, bases=bases)
-            changes.extend(result.changes)
-        if events:
-            result = await self.node.applier.ingest(events)
-            for entity_id, error in result.errors.items():
-                log.warning("the server sent events for %s that were refused: %s", entity_id, error)
-            changes.extend(result.changes)
-            changes.extend(await self._fill_gaps(result))
-        self.node.notify(changes)
-        return changes
-
-    async def _fill_gaps(self, result: IngestResult) -> list[EntityChange]:
-        """Ask the server for parents nobody here has, until the held events apply."""
-        changes: list[EntityChange] = []
-        missing: set[EventId] = set(result.missing)
-        for _ in range(MAX_FETCH_ROUNDS):
-            if not missing:
-                break
-            ids = tuple(sorted(missing))
-            response = await self.request(lambda rid, ids=ids: GetEventsRequest(rid, ids, 256))  # type: ignore[misc]
-            assert isinstance(response, EventsResponse)
-            if not response.events:
-                break
-            more = await self.node.applier.ingest(response.events)
-            changes.extend(more.changes)
-            missing = (missing | more.missing) - {e.id for e in more.stored}
-            missing -= {e.id for e in response.events}
-        return changes
+    ) -> Connection:
+        """Use ``dial`` to reach the node's durable peer from now on."""
+        ...
 
 
 async def connect(
-    node: Node,
+    node: Dialable,
     url: str,
     *,
     token: bytes | None = None,
@@ -277,17 +180,24 @@ async def connect(
     compression: str | None = None,
     rng: random.Random | None = None,
 ) -> Connection:
-    """Dial ``url`` (``ws://host:port``) and keep the node connected until closed.
+    """Dial ``url`` (``ws://host:port`` or ``wss://``) and keep the node connected until closed.
 
-    Returns at once; ``await node.wait_ready()`` (or ``connection.wait_ready()``) waits
-    for the first usable connection. ``compression="deflate"`` turns on
-    permessage-deflate (off by default: frames are already compact msgpack).
+    Returns at once; ``await node.wait_ready(timeout=...)`` (or the connection's
+    ``wait_ready``) waits for the first usable connection. ``compression="deflate"``
+    turns on permessage-deflate (off by default: frames are already compact msgpack).
+    Raises InvalidArgument for a URL that is not a websocket URL.
     """
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise InvalidArgument(
+            f"{url!r} is not a websocket URL: use ws://host:port (or wss:// for TLS)"
+        )
+    limits = node.limits
 
     async def dial() -> Transport:
         websocket = await ws_connect(
             url,
-            max_size=node.limits.max_frame_bytes,
+            max_size=limits.max_frame_bytes,
             compression=compression,
             open_timeout=request_timeout,
             ping_interval=20,
@@ -295,8 +205,7 @@ async def connect(
         )
         return WebsocketTransport(websocket)
 
-    connection = Connection(
-        node,
+    connection = node.attach(
         dial,
         token=token,
         min_backoff=min_backoff,
@@ -304,6 +213,5 @@ async def connect(
         request_timeout=request_timeout,
         rng=rng or random.Random(),
     )
-    node.attach_upstream(connection)
     connection.start()
     return connection

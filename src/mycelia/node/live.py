@@ -20,25 +20,17 @@ drops what stopped matching while offline.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
-import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from mycelia.entity import EntityChange, Snapshot
 from mycelia.entity.model import Model
-from mycelia.errors import ConnectionClosed, InvalidArgument, MyceliaError, RequestTimeout
-from mycelia.node.deltas import query_rows
+from mycelia.errors import InvalidArgument
+from mycelia.node.policy import Credentials, PolicyAgent
+from mycelia.node.ports import Follow, Standing, Watch
 from mycelia.proto import EntityId, EntityState
-from mycelia.proto.peering import (
-    DeltasResponse,
-    KnownEntity,
-    SubscribeRequest,
-    UnsubscribeRequest,
-)
 from mycelia.proto.query import (
     And,
     Comparison,
@@ -50,18 +42,28 @@ from mycelia.proto.query import (
     parse,
 )
 from mycelia.proto.query.compile import compile_predicate
+from mycelia.retrieval import StoredState
 
-if TYPE_CHECKING:
-    from mycelia.node.client import Connection
-    from mycelia.node.context import Context
-    from mycelia.node.node import Node
-
-__all__ = ["ChangeSet", "LiveQuery", "Reactor"]
-
-log = logging.getLogger(__name__)
+__all__ = ["ChangeSet", "LiveParts", "LiveQuery", "Reactor"]
 
 M = TypeVar("M", bound=Model)
-_QUERY_IDS = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveParts:
+    """What a live query works with (the node wires them)."""
+
+    watch: Watch
+    """The node's candidate index (the reactor)."""
+    follow: Follow
+    """The durable peer, which mirrors the query (the upstream)."""
+    rows: Callable[[str, Query], Awaitable[list[StoredState]]]
+    """The stored rows matching a bound query, in its order (this node's storage)."""
+    policy: PolicyAgent
+    spawn: Callable[[Coroutine[object, object, None]], None]
+    """Runs a task the node keeps (LIMIT refreshes)."""
+    query_ids: Callable[[], int]
+    """A fresh query id (ids come from the node, never from a global counter)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,19 +82,25 @@ class ChangeSet(Generic[M]):
 class LiveQuery(Generic[M]):
     """A query whose result follows every commit; see the module docstring."""
 
-    def __init__(self, ctx: Context, model: type[M], text: str, args: tuple[object, ...]) -> None:
-        self._ctx = ctx
-        self._node = ctx.node
+    def __init__(
+        self,
+        parts: LiveParts,
+        credentials: Credentials,
+        model: type[M],
+        text: str,
+        args: tuple[object, ...],
+    ) -> None:
+        self._parts = parts
+        self._credentials = credentials
         self.model = model
         self.query = parse(text).bind(*args)
         self._predicate = compile_predicate(self.query.predicate)
-        self._text, self._args = text, args
-        self.query_id = next(_QUERY_IDS)
+        self.text, self.args = text, args
+        self.query_id = parts.query_ids()
         self._members: dict[EntityId, M] = {}
         self._keys: dict[EntityId, bytes] = {}
         self._changes: asyncio.Queue[ChangeSet[M] | None] = asyncio.Queue()
         self._refresh_lock = asyncio.Lock()
-        self._remove_hook: object = None
         self._open = False
         self._buffer: list[EntityChange] | None = None
         """Changes that arrive while the initial result loads (applied after it)."""
@@ -107,19 +115,19 @@ class LiveQuery(Generic[M]):
         return [self._members[e] for e in ordered]
 
     @property
-    def reads(self) -> frozenset[str]:
-        """Top-level fields the query reads (predicate and ORDER BY)."""
-        return frozenset(self.query.fields())
+    def collection(self) -> str:
+        """The collection the query reads."""
+        return self.model.__collection__
+
+    def member_ids(self) -> list[EntityId]:
+        """The entities in the result now."""
+        return list(self._members)
 
     async def __aenter__(self) -> LiveQuery[M]:
         self._open = True
         self._buffer = []
-        self._node.reactor.add(self)
-        upstream = self._node.upstream
-        if upstream is not None:
-            self._remove_hook = upstream.on_ready(self._subscribe_remote)
-            if upstream.peer is not None and upstream.peer.ready:
-                await self._subscribe_remote(upstream)
+        self._parts.watch.add(self)
+        await self._parts.follow.follow(self)  # what the peer sends now is buffered
         initial = await self._load()
         self._changes.put_nowait(ChangeSet(initial=initial))
         buffered, self._buffer = self._buffer, None
@@ -141,26 +149,18 @@ class LiveQuery(Generic[M]):
             return
         self._open = False
         for entity_id in self._members:
-            self._node.reactor.untrack(entity_id, self)
-        self._node.reactor.remove(self)
+            self._parts.watch.untrack(entity_id, self)
+        self._parts.watch.remove(self)
         self._changes.put_nowait(None)
-        if callable(self._remove_hook):
-            self._remove_hook()
-        upstream = self._node.upstream
-        if upstream is not None:
-            # Offline is fine: the server forgets a closed connection's subscriptions.
-            with contextlib.suppress(ConnectionClosed, RequestTimeout):
-                await upstream.request(lambda rid: UnsubscribeRequest(rid, self.query_id))
+        await self._parts.follow.unfollow(self)
 
     async def update_query(self, text: str, *args: object) -> None:
         """Change the query in place: the next change set moves the result to the new one."""
         self.query = parse(text).bind(*args)
         self._predicate = compile_predicate(self.query.predicate)
-        self._text, self._args = text, args
-        self._node.reactor.reindex(self)
-        upstream = self._node.upstream
-        if upstream is not None and upstream.peer is not None and upstream.peer.ready:
-            await self._subscribe_remote(upstream)
+        self.text, self.args = text, args
+        self._parts.watch.reindex(self)
+        await self._parts.follow.resubscribe(self)
         await self.refresh()
 
     def __aiter__(self) -> AsyncIterator[ChangeSet[M]]:
@@ -173,27 +173,27 @@ class LiveQuery(Generic[M]):
     # -- maintenance ---------------------------------------------------------------------
 
     async def _load(self) -> list[M]:
-        rows = await query_rows(self._node.storage, self.model.__collection__, self.query)
+        rows = await self._parts.rows(self.model.__collection__, self.query)
         for entity_id in self._members:
-            self._node.reactor.untrack(entity_id, self)
+            self._parts.watch.untrack(entity_id, self)
         self._members.clear()
         self._keys.clear()
         for stored in rows:
             snapshot = _snapshot_of(stored.state, stored.values)
-            if self._node.policy.can_read(self._ctx.credentials, snapshot):
+            if self._parts.policy.can_read(self._credentials, snapshot):
                 self._admit(snapshot)
         return self.items
 
-    def _admit(self, snapshot: Snapshot, views: dict[object, Model] | None = None) -> M:
+    def _admit(self, snapshot: Snapshot, views: dict[object, object] | None = None) -> M:
         key = (self.model, snapshot.entity_id)
         if views is not None and key in views:
-            view: M = views[key]  # type: ignore[assignment]  # same model class
+            view: M = views[key]  # type: ignore[assignment]  # keyed by this model class
         else:
             view = self.model._view(snapshot)
             if views is not None:
                 views[key] = view
         if snapshot.entity_id not in self._members:
-            self._node.reactor.track(snapshot.entity_id, self)
+            self._parts.watch.track(snapshot.entity_id, self)
         self._members[snapshot.entity_id] = view
         self._keys[snapshot.entity_id] = order_key(snapshot.values, self.query.order_by)
         return view
@@ -201,17 +201,18 @@ class LiveQuery(Generic[M]):
     def matches(self, snapshot: Snapshot) -> bool:
         """Whether a (changed) entity belongs in the result (LIMIT aside)."""
         return (
-            snapshot.collection == self.model.__collection__
+            snapshot.exists
+            and snapshot.collection == self.model.__collection__
             and not snapshot.deleted
             and self._predicate(snapshot.values)
-            and self._node.policy.can_read(self._ctx.credentials, snapshot)
+            and self._parts.policy.can_read(self._credentials, snapshot)
         )
 
     def member(self, entity_id: EntityId) -> bool:
         """Whether the entity is in the current result."""
         return entity_id in self._members
 
-    def apply(self, changes: list[EntityChange], views: dict[object, Model] | None = None) -> None:
+    def apply(self, changes: list[EntityChange], views: dict[object, object] | None = None) -> None:
         """React to committed changes (called by the reactor for candidate queries only).
 
         ``views`` shares the views built for one batch of changes between queries.
@@ -222,7 +223,7 @@ class LiveQuery(Generic[M]):
         if self.query.limit is not None:
             self._refreshing += 1
             self._settled.clear()
-            self._node.spawn(self._scheduled_refresh())
+            self._parts.spawn(self._scheduled_refresh())
             return
         added: list[M] = []
         updated: list[M] = []
@@ -241,7 +242,7 @@ class LiveQuery(Generic[M]):
             elif previous is not None:
                 removed.append(self._members.pop(entity_id))
                 self._keys.pop(entity_id, None)
-                self._node.reactor.untrack(entity_id, self)
+                self._parts.watch.untrack(entity_id, self)
         if added or updated or removed:
             self._changes.put_nowait(ChangeSet(added=added, updated=updated, removed=removed))
 
@@ -282,32 +283,9 @@ class LiveQuery(Generic[M]):
                     out.updated.append(view)
             out.removed.extend(before.values())
             for entity_id in before:
-                self._node.reactor.untrack(entity_id, self)
+                self._parts.watch.untrack(entity_id, self)
             if out:
                 self._changes.put_nowait(out)
-
-    async def _subscribe_remote(self, upstream: Connection) -> None:
-        """Mirror this query on the server, sending the heads held here."""
-        known = []
-        for entity_id in list(self._members):
-            entity = await self._node.applier.load(entity_id)
-            if entity is not None and entity.exists:
-                known.append(KnownEntity(entity_id, entity.head.ids))
-        collection, text, args, qid = (
-            self.model.__collection__,
-            self._text,
-            self._args,
-            self.query_id,
-        )
-        try:
-            response = await upstream.request(
-                lambda rid: SubscribeRequest(rid, qid, collection, text, args, tuple(known))
-            )
-        except MyceliaError as exc:
-            log.warning("could not subscribe query %s on the server: %s", self.query_id, exc)
-            return
-        assert isinstance(response, DeltasResponse)
-        await upstream.apply_deltas(response.deltas)
 
 
 def _snapshot_of(state: EntityState, values: Mapping[str, object]) -> Snapshot:
@@ -321,79 +299,97 @@ class Reactor:
     (field, value): a change can only concern it if the entity is a member or now has that
     value. Other queries are indexed under every field they read. Members are indexed by
     entity. A create concerns the pinned queries of its values and every unpinned query.
+    Wire :meth:`on_change` as a change listener of the node. (Queries are kept in
+    insertion-ordered dicts, not sets, so the order they hear of a change in is the order
+    they were opened in, in every run.)
     """
 
-    def __init__(self, node: Node) -> None:
-        self._by_field: dict[tuple[str, str], set[LiveQuery[Any]]] = {}
-        self._pinned: dict[tuple[str, str, bytes], set[LiveQuery[Any]]] = {}
-        self._pinned_fields: dict[str, set[str]] = {}
-        self._unpinned: dict[str, set[LiveQuery[Any]]] = {}
-        self._by_entity: dict[EntityId, set[LiveQuery[Any]]] = {}
-        node.on_change(self._on_change)
+    def __init__(self) -> None:
+        self._by_field: dict[tuple[str, str], _Queries] = {}
+        self._pinned: dict[tuple[str, str, bytes], _Queries] = {}
+        self._pinned_fields: dict[str, dict[str, None]] = {}
+        self._unpinned: dict[str, _Queries] = {}
+        self._by_entity: dict[EntityId, _Queries] = {}
 
-    def track(self, entity_id: EntityId, live: LiveQuery[M]) -> None:
+    def count(self) -> int:
+        """Live queries registered."""
+        queries: dict[Standing, None] = {}
+        for index in (self._pinned, self._unpinned):
+            for group in index.values():
+                queries.update(group)
+        return len(queries)
+
+    def tracked(self, entity_id: EntityId) -> bool:
+        """Whether some live query holds ``entity_id`` (so its subscription keeps it fresh)."""
+        return entity_id in self._by_entity
+
+    def track(self, entity_id: EntityId, live: Standing) -> None:
         """Note that ``entity_id`` is a member of ``live`` (it is a candidate for it)."""
-        self._by_entity.setdefault(entity_id, set()).add(live)
+        self._by_entity.setdefault(entity_id, {})[live] = None
 
-    def untrack(self, entity_id: EntityId, live: LiveQuery[M]) -> None:
+    def untrack(self, entity_id: EntityId, live: Standing) -> None:
         """Note that ``entity_id`` left ``live``."""
         queries = self._by_entity.get(entity_id)
         if queries is not None:
-            queries.discard(live)
+            queries.pop(live, None)
             if not queries:
                 del self._by_entity[entity_id]
 
-    def add(self, live: LiveQuery[M]) -> None:
+    def add(self, live: Standing) -> None:
         """Register a live query."""
-        collection = live.model.__collection__
+        collection = live.collection
         pin = _pinned(live.query)
         if pin is not None:
             name, key = pin
-            self._pinned.setdefault((collection, name, key), set()).add(live)
-            self._pinned_fields.setdefault(collection, set()).add(name)
+            self._pinned.setdefault((collection, name, key), {})[live] = None
+            self._pinned_fields.setdefault(collection, {})[name] = None
             return
-        self._unpinned.setdefault(collection, set()).add(live)
-        for name in live.reads:
-            self._by_field.setdefault((collection, name), set()).add(live)
+        self._unpinned.setdefault(collection, {})[live] = None
+        for name in live.query.fields():
+            self._by_field.setdefault((collection, name), {})[live] = None
 
-    def remove(self, live: LiveQuery[M]) -> None:
+    def remove(self, live: Standing) -> None:
         """Forget a live query."""
         _discard(self._by_field, live)
         _discard(self._pinned, live)
         _discard(self._unpinned, live)
 
-    def reindex(self, live: LiveQuery[M]) -> None:
+    def reindex(self, live: Standing) -> None:
         """Refresh a query's index entries after its query changed."""
         self.remove(live)
         self.add(live)
 
-    def _candidates(self, change: EntityChange) -> set[LiveQuery[Any]]:
+    def _candidates(self, change: EntityChange) -> _Queries:
         collection = change.after.collection
-        candidates = set(self._by_entity.get(change.after.entity_id, ()))
+        candidates = dict(self._by_entity.get(change.after.entity_id, {}))
         values = change.after.values
-        for name in self._pinned_fields.get(collection, ()):
+        for name in self._pinned_fields.get(collection, {}):
             if name in values:
                 try:
                     key = encode_key(values[name])
                 except InvalidArgument:
                     continue
-                candidates |= self._pinned.get((collection, name, key), set())
+                candidates.update(self._pinned.get((collection, name, key), {}))
         if not change.before.exists:
-            candidates |= self._unpinned.get(collection, set())
+            candidates.update(self._unpinned.get(collection, {}))
         else:
-            for name in change.changed:
-                candidates |= self._by_field.get((collection, name), set())
+            for name in sorted(change.changed):
+                candidates.update(self._by_field.get((collection, name), {}))
         return candidates
 
-    def _on_change(self, changes: list[EntityChange]) -> None:
-        touched: dict[LiveQuery[Any], list[EntityChange]] = {}
+    def on_change(self, changes: list[EntityChange]) -> None:
+        """Route committed changes to the live queries they can concern."""
+        touched: dict[Standing, list[EntityChange]] = {}
         for change in _per_entity(changes):
             for live in self._candidates(change):
                 touched.setdefault(live, []).append(change)
-        views: dict[object, Model] = {}  # one view per (model, entity) for this batch
+        views: dict[object, object] = {}  # one view per (model, entity) for this batch
         for live, mine in touched.items():
             live.apply(mine, views)
 
+
+_Queries = dict[Standing, None]
+"""Live queries as an insertion-ordered set."""
 
 K = TypeVar("K")
 
@@ -419,9 +415,9 @@ def _per_entity(changes: list[EntityChange]) -> list[EntityChange]:
     return list(merged.values())
 
 
-def _discard(index: dict[K, set[LiveQuery[Any]]], live: LiveQuery[Any]) -> None:
+def _discard(index: dict[K, _Queries], live: Standing) -> None:
     for key, queries in list(index.items()):
-        queries.discard(live)
+        queries.pop(live, None)
         if not queries:
             del index[key]
 

@@ -1,71 +1,83 @@
 """``Node``: the composition root that wires storage, applier, policy and peers.
 
 A node is **durable** (keeps every event it accepts; creates the system root) or
-**ephemeral** (a cache that may hold state snapshots without their events). It does no
-merging itself: the applier does; it owns the parts and their lifetimes
-(ARCHITECTURE.md §7, STYLE.md §9).
+**ephemeral** (a cache that may hold state snapshots without their events, commits
+locally first and owes its commits to a durable peer). It merges nothing itself and
+exposes none of its parts: it builds them, wires each to the narrow ports of
+:mod:`mycelia.node.ports` it needs, and owns their lifetimes (ARCHITECTURE.md §7,
+STYLE.md §9)::
+
+    storage ── applier ──┬── commits (LocalCommits | CommitPipeline + Outbox)
+                         ├── upstream (Link) ── Connection ── PeerConnection
+                         ├── responder ── PeerConnection (served peers)
+                         └── reactor ── live queries
+    contexts ── transactions, get/fetch (through the upstream), live queries (reactor)
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import secrets
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
 
-from mycelia import errors
-from mycelia.entity import (
-    Applier,
-    EntityChange,
-    EventCheck,
-    IngestResult,
-    PendingPool,
-    Residents,
-)
+from mycelia.entity import Applier, EntityChange, EventCheck, IngestResult, PendingPool, Residents
 from mycelia.entity.backends import ClientIds
-from mycelia.errors import (
-    ConnectionClosed,
-    ForeignSystem,
-    InvalidArgument,
-    InvalidEvent,
-    LocalProtocolError,
-    MyceliaError,
-    RemoteError,
-    RequestTimeout,
-)
-from mycelia.node.client import Connection, ConnectionState
-from mycelia.node.context import Context
+from mycelia.errors import ForeignSystem, InvalidArgument, InvalidEvent, LocalProtocolError
+from mycelia.node.client import Connection, Dialer
+from mycelia.node.commits import CommitPipeline, LocalCommits, Rejection
+from mycelia.node.context import Context, ContextParts
+from mycelia.node.deltas import query_rows
 from mycelia.node.identity import KEY_META, NodeKey
-from mycelia.node.live import Reactor
+from mycelia.node.live import LiveParts, Reactor
 from mycelia.node.outbox import Outbox
-from mycelia.node.policy import LOCAL, Credentials, PermissiveAgent, PolicyAgent
+from mycelia.node.peer import Identity, PeerConnection
+from mycelia.node.policy import LOCAL, Credentials, Gatekeeper, PermissiveAgent, PolicyAgent
+from mycelia.node.ports import ChangeListener
 from mycelia.node.serving import Responder
+from mycelia.node.transaction import TransactionParts
+from mycelia.node.transport import Transport
+from mycelia.node.upstream import Link, Upstream
 from mycelia.proto import (
     DEFAULT_LIMITS,
     SYSTEM_COLLECTION,
     AdmittedEvent,
     EntityId,
+    EntityState,
     Event,
-    EventId,
     Limits,
     NodeId,
 )
 from mycelia.proto.event import NONCE_LENGTH
-from mycelia.proto.peering import CommitRequest, EventsResponse, GetEventsRequest
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import StorageEngine
 
-__all__ = ["ChangeListener", "Node"]
+__all__ = ["ChangeListener", "Node", "NodeStats"]
 
 log = logging.getLogger(__name__)
 
 ROOT_KEY: Final = "system_root"
 
-ChangeListener = Callable[[list[EntityChange]], None]
-"""Called synchronously after every commit that changed entities."""
+
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """What a node holds and does now (for operators, metrics and tests)."""
+
+    live_queries: int
+    """Live queries open on this node."""
+    subscriptions: int
+    """Standing queries this node serves to its peers."""
+    owed_commits: int
+    """Local commits not yet confirmed by the durable peer (ephemeral nodes)."""
+    held_events: int
+    """Events waiting for parents this node does not hold yet."""
+    residents: int
+    """Entities held in memory."""
 
 
 class Node:
@@ -82,29 +94,82 @@ class Node:
         key: NodeKey,
         rng: random.Random | None = None,
     ) -> None:
-        self.storage = storage
-        self.key = key
-        self._rng = rng
-        self.durable = durable
-        self.policy = policy
-        self.limits = limits
+        self._storage = storage
+        self._durable = durable
+        self._limits = limits
         self._root = root
-        self.residents = Residents()
-        self.text_ids = ClientIds(rng)
-        self.applier = Applier(
-            storage,
-            self.residents,
-            durable=durable,
-            system_root=lambda: self._root,
-            pending=PendingPool(),
-        )
+        self._key = key
+        self._rng = rng
         self._listeners: list[ChangeListener] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self.outbox = Outbox(storage)
-        self.upstream: Connection | None = None
-        self.responder = Responder(self)
-        self.reactor = Reactor(self)
+        self._query_ids = itertools.count(1)
+        self._residents = Residents()
+        self._link = Link()
+        self._applier = Applier(
+            storage,
+            self._residents,
+            durable=durable,
+            system_root=lambda: self._root,
+            remote=None if durable else self._link.get_events,
+            pending=PendingPool(),
+        )
+        self._reactor = Reactor()
+        self._responder = Responder(
+            self._applier,
+            storage,
+            policy=policy,
+            commit=self._commit_remote,
+            system_events=self.system_events,
+        )
+        self._pipeline = (
+            None
+            if durable
+            else CommitPipeline(
+                self._applier,
+                Outbox(storage),
+                storage,
+                notify=self._notify,
+                limits=limits,
+                ready=lambda: self._link.ready,
+            )
+        )
+        self._upstream = Upstream(
+            self._link,
+            self._applier,
+            storage,
+            durable=durable,
+            notify=self._notify,
+            tracked=self._reactor.tracked,
+            join_system=self.join_system,
+            has_system=lambda: self._root is not None,
+            commits=self._pipeline,
+        )
+        self._gate = Gatekeeper(policy, lambda: self._root)
+        self._me = Identity(key, durable, limits, lambda: self._root)
+        self._connection: Connection | None = None
+        text_ids = ClientIds(rng)
+        commits = self._pipeline or LocalCommits(self._applier, notify=self._notify)
+        self._parts = ContextParts(
+            TransactionParts(
+                reads=self._upstream,
+                commits=commits,
+                policy=policy,
+                system_root=lambda: self._root,
+                limits=limits,
+                text_ids=text_ids,
+                entropy=self._entropy,
+            ),
+            LiveParts(
+                watch=self._reactor,
+                follow=self._upstream,
+                rows=lambda collection, query: query_rows(storage, collection, query),
+                policy=policy,
+                spawn=self._spawn,
+                query_ids=lambda: next(self._query_ids),
+            ),
+            history=storage.events_of,
+        )
 
     @classmethod
     def open(
@@ -144,7 +209,7 @@ class Node:
             await storage.write(WriteBatch(meta=((KEY_META, key.private_bytes()),)))
         else:
             key = NodeKey.from_private_bytes(stored_key)
-        return cls(
+        node = cls(
             storage,
             durable=durable,
             policy=policy or PermissiveAgent(),
@@ -153,33 +218,79 @@ class Node:
             key=key,
             rng=rng,
         )
+        if node._pipeline is not None:
+            await node._pipeline.load()
+        return node
 
-    def entropy(self, size: int) -> bytes:
-        """``size`` random bytes (from the injected ``rng`` if the node was given one)."""
-        return secrets.token_bytes(size) if self._rng is None else self._rng.randbytes(size)
+    # -- what a node is ------------------------------------------------------------------
 
     @property
     def node_id(self) -> NodeId:
         """This node's id: its Ed25519 public key."""
-        return self.key.node_id
+        return self._key.node_id
+
+    @property
+    def durable(self) -> bool:
+        """Whether this node keeps every event it accepts (else it is a cache)."""
+        return self._durable
+
+    @property
+    def storage(self) -> StorageEngine:
+        """The storage engine the node was opened on."""
+        return self._storage
+
+    @property
+    def limits(self) -> Limits:
+        """The decode limits this node enforces on what it receives."""
+        return self._limits
 
     @property
     def system_root(self) -> EntityId | None:
         """The id of this node's system root, once it has one."""
         return self._root
 
+    def stats(self) -> NodeStats:
+        """Counts of what the node holds and does now."""
+        return NodeStats(
+            live_queries=self._reactor.count(),
+            subscriptions=self._responder.subscription_count(),
+            owed_commits=0 if self._pipeline is None else self._pipeline.owed_count(),
+            held_events=len(self._applier.pending),
+            residents=len(self._residents),
+        )
+
+    def resident_state(self, entity_id: EntityId) -> EntityState | None:
+        """The entity's state as held in memory now (``None`` if it is not resident): for
+        invariant checkers, which compare it with storage (memory is never ahead)."""
+        entity = self._residents.get(entity_id)
+        return None if entity is None or not entity.exists else entity.to_state()
+
+    # -- using it ------------------------------------------------------------------------
+
     def context(self, credentials: Credentials | None = None) -> Context:
         """A context acting with ``credentials`` (default: local, trusted)."""
-        return Context(self, credentials or LOCAL)
+        return Context(self._parts, credentials or LOCAL)
 
     def on_change(self, listener: ChangeListener) -> Callable[[], None]:
         """Call ``listener`` after every commit that changes entities; returns a remover."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
+    def rejections(self) -> AsyncIterator[Rejection]:
+        """Every local commit reverted from now on, because the durable peer refused it or
+        one it was built on (an async iterator of :class:`Rejection`; empty on a durable
+        node, which has no durable peer to refuse anything)."""
+        if self._pipeline is None:
+            return _nothing()
+        return self._pipeline.rejections()
+
+    def owed(self) -> list[Event]:
+        """The events of every local commit the durable peer has not confirmed yet."""
+        return [] if self._pipeline is None else self._pipeline.owed()
+
     async def create_system(self) -> EntityId:
         """Create the system root (durable nodes only; idempotent). Returns its id."""
-        if not self.durable:
+        if not self._durable:
             raise LocalProtocolError("only a durable node creates a system; join one instead")
         if self._root is not None:
             return self._root
@@ -187,12 +298,12 @@ class Node:
             collection=SYSTEM_COLLECTION,
             system=None,
             operations={},
-            nonce=self.entropy(NONCE_LENGTH),
-            limits=self.limits,
+            nonce=self._entropy(NONCE_LENGTH),
+            limits=self._limits,
         )
         self._root = genesis.entity_id
         try:
-            await self.applier.ingest(
+            await self._applier.ingest(
                 [genesis], atomic=True, meta=((ROOT_KEY, bytes(genesis.entity_id)),)
             )
         except BaseException:
@@ -205,7 +316,7 @@ class Node:
         """The events that define this node's system (give them to ``join_system``)."""
         if self._root is None:
             return []
-        return await self.storage.events_of(self._root)
+        return await self._storage.events_of(self._root)
 
     async def join_system(self, events: Iterable[Event | AdmittedEvent]) -> None:
         """Adopt the system defined by ``events`` (from another node's ``system_events``).
@@ -225,7 +336,7 @@ class Node:
         previous = self._root
         self._root = root
         try:
-            await self.applier.ingest(batch, atomic=True, meta=((ROOT_KEY, bytes(root)),))
+            await self._applier.ingest(batch, atomic=True, meta=((ROOT_KEY, bytes(root)),))
         except BaseException:
             self._root = previous
             raise
@@ -238,115 +349,98 @@ class Node:
         other entities' events are applied).
         """
         batch = [e.event if isinstance(e, AdmittedEvent) else e for e in events]
-        if len(batch) > self.limits.max_batch_events * 100:
+        if len(batch) > self._limits.max_batch_events * 100:
             raise InvalidArgument("ingest at most 100 batches' worth of events at a time")
-        result = await self.applier.ingest(batch)
-        self.notify(result.changes)
+        result = await self._applier.ingest(batch)
+        self._notify(result.changes)
         result.raise_first()
         return result
 
-    async def commit_local(self, events: list[Event], *, check: EventCheck) -> IngestResult:
-        """Commit a transaction's events atomically; ``check`` runs before anything is durable.
-
-        A durable node commits here. An ephemeral node checks locally first, then commits
-        on its durable peer when connected (a refusal there persists nothing anywhere), then
-        here; with no peer reachable the commit is durable here and owed (the outbox).
-        """
-        if self.durable:
-            result = await self.applier.ingest(events, atomic=True, check=check)
-        else:
-            result = await self._commit_ephemeral(events, check)
-        self.notify(result.changes)
+    async def ingest_states(self, states: Iterable[EntityState]) -> IngestResult:
+        """Merge entity states from elsewhere (a durable peer's snapshots): every backend is
+        a state CRDT, so any order converges. Raises DecodeError or InvalidEvent for a
+        state that does not fit (nothing is written then)."""
+        result = await self._applier.ingest_states(list(states))
+        self._notify(result.changes)
         return result
-
-    async def _commit_ephemeral(self, events: list[Event], check: EventCheck) -> IngestResult:
-        if not isinstance(self.policy, PermissiveAgent):
-            # Check locally before the server sees anything (a permissive agent allows all).
-            await self.applier.ingest(events, atomic=True, check=check, dry_run=True)
-        upstream = self.upstream
-        if upstream is not None and upstream.state is ConnectionState.READY:
-            try:
-                await upstream.request(lambda rid: CommitRequest(rid, tuple(events)))
-            except RemoteError as exc:
-                raise _local_error(exc) from exc
-            except (ConnectionClosed, RequestTimeout):
-                log.info("server unreachable during a commit: keeping it owed")
-            else:
-                return await self.applier.ingest(events, atomic=True, check=check)
-        async with self.outbox.lock:
-            record = await self.outbox.owe(events)
-            result = await self.applier.ingest(events, atomic=True, check=check, meta=record)
-            self.outbox.committed(record)
-        return result
-
-    async def commit_remote(self, events: list[Event], *, check: EventCheck) -> IngestResult:
-        """Commit events a peer sent (all-or-nothing; ``check`` runs before durability)."""
-        result = await self.applier.ingest(events, atomic=True, check=check)
-        self.notify(result.changes)
-        return result
-
-    def spawn(self, coro: Coroutine[object, object, None]) -> None:
-        """Run ``coro`` as a task the node keeps (errors are logged, not lost)."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("a node task failed", exc_info=task.exception())
-
-    def attach_upstream(self, connection: Connection) -> None:
-        """Use ``connection`` as this node's durable peer (``connect`` calls this).
-
-        An ephemeral node then asks it for history it does not hold while placing events
-        or merging snapshots (the cached getter of ARCHITECTURE.md §4).
-        """
-        self.upstream = connection
-        if not self.durable:
-            self.applier.remote = self._remote_events
-
-    async def _remote_events(self, ids: Sequence[EventId], ahead: int) -> list[AdmittedEvent]:
-        """Events from the durable peer (nothing when it is unreachable or refuses)."""
-        upstream = self.upstream
-        if upstream is None or upstream.state is not ConnectionState.READY:
-            return []
-        wanted = tuple(ids)
-        try:
-            response = await upstream.request(lambda rid: GetEventsRequest(rid, wanted, ahead))
-        except (ConnectionClosed, RequestTimeout, RemoteError) as exc:
-            log.info("could not fetch %d events from the server: %s", len(wanted), exc)
-            return []
-        assert isinstance(response, EventsResponse)
-        if len(response.generations) != len(response.events):
-            return []
-        return [
-            AdmittedEvent(e, g) for e, g in zip(response.events, response.generations, strict=True)
-        ]
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until this node's durable peer connection is ready (no-op without one)."""
-        if self.upstream is not None:
-            await self.upstream.wait_ready(timeout)
+        if self._connection is not None:
+            await self._connection.wait_ready(timeout)
 
-    def notify(self, changes: list[EntityChange]) -> None:
-        """Tell every change listener about ``changes`` (no-op for an empty list)."""
-        if not changes:
-            return
-        for listener in list(self._listeners):
-            try:
-                listener(changes)
-            except Exception:  # a broken listener must not break commits
-                log.exception("a change listener failed")
+    # -- peers (``mycelia.connect`` and ``mycelia.serve`` call these) -----------------------
+
+    def attach(
+        self,
+        dial: Dialer,
+        *,
+        token: bytes | None,
+        min_backoff: float,
+        max_backoff: float,
+        request_timeout: float,
+        rng: random.Random,
+    ) -> Connection:
+        """Reach this node's durable peer through ``dial`` from now on (``connect`` calls
+        this). Raises LocalProtocolError if the node has a connection already."""
+        if self._connection is not None:
+            raise LocalProtocolError("this node is connected already: close that connection")
+
+        def open_session(transport: Transport) -> PeerConnection:
+            return PeerConnection(
+                transport,
+                me=self._me,
+                gate=self._gate,
+                answers=self._responder,
+                dialed=True,
+                token=token,
+                on_update=self._upstream.on_update,
+                request_timeout=request_timeout,
+            )
+
+        self._connection = Connection(
+            dial,
+            link=self._link,
+            open_session=open_session,
+            prepare=self._upstream.prepare,
+            finish=self._upstream.stopped,
+            min_backoff=min_backoff,
+            max_backoff=max_backoff,
+            rng=rng,
+        )
+        return self._connection
+
+    def accept(
+        self,
+        transport: Transport,
+        *,
+        request_timeout: float,
+        handshake_timeout: float,
+        outgoing_frames: int,
+    ) -> PeerConnection:
+        """A connection for a peer that dialed in over ``transport`` (``serve`` calls this;
+        drive it with ``await peer.run()``)."""
+        return PeerConnection(
+            transport,
+            me=self._me,
+            gate=self._gate,
+            answers=self._responder,
+            dialed=False,
+            request_timeout=request_timeout,
+            handshake_timeout=handshake_timeout,
+            outgoing_frames=outgoing_frames,
+        )
 
     async def close(self) -> None:
         """Close the node and its storage."""
         if self._closed:
             return
         self._closed = True
-        if self.upstream is not None:
-            await self.upstream.close()
-        await self.storage.close()
+        if self._connection is not None:
+            await self._connection.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await self._storage.close()
 
     async def __aenter__(self) -> Node:
         return self
@@ -358,6 +452,48 @@ class Node:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def _entropy(self, size: int) -> bytes:
+        """``size`` random bytes (from the injected ``rng`` if the node was given one)."""
+        return secrets.token_bytes(size) if self._rng is None else self._rng.randbytes(size)
+
+    def _notify(self, changes: list[EntityChange]) -> None:
+        """Tell the live queries, the served subscriptions and every listener."""
+        if not changes:
+            return
+        self._reactor.on_change(changes)
+        self._responder.on_change(changes)
+        for listener in list(self._listeners):
+            try:
+                listener(changes)
+            except Exception:  # a broken listener must not break commits
+                log.exception("a change listener failed")
+
+    async def _commit_remote(self, events: list[Event], check: EventCheck) -> IngestResult:
+        """Commit events a peer sent (all-or-nothing; ``check`` runs before durability)."""
+        result = await self._applier.ingest(events, atomic=True, check=check)
+        self._notify(result.changes)
+        return result
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        """Run ``coro`` as a task the node keeps (errors are logged, not lost)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a node task failed", exc_info=task.exception())
+
+
+async def _nothing() -> AsyncIterator[Rejection]:
+    """An async iterator that ends at once."""
+    nothing: tuple[Rejection, ...] = ()
+    for rejection in nothing:
+        yield rejection
 
 
 class _Opening:
@@ -382,14 +518,3 @@ class _Opening:
     ) -> None:
         if self._node is not None:
             await self._node.close()
-
-
-def _local_error(exc: RemoteError) -> MyceliaError:
-    """The local error class a peer's refusal names (PolicyDenied stays PolicyDenied)."""
-    kind = getattr(errors, exc.kind, None)
-    if isinstance(kind, type) and issubclass(kind, MyceliaError) and kind is not RemoteError:
-        try:
-            return kind(f"the server refused: {exc}")
-        except TypeError:
-            pass
-    return exc

@@ -2,11 +2,16 @@
 
 It owns the connection's tasks and bounds: a bounded outgoing queue (a peer that does not
 read is disconnected rather than growing memory), a cap on requests in flight from the
-peer (the reader stops reading while it is reached), a timeout on every request we make
-(answered or failed with a typed error, never left hanging) and on the handshake (a
-silent peer is closed). Requests from the peer are answered by the node's responder;
-pushed updates go to the node's update handler. Everything the peer sends is validated
-by the session and the applier before anything is staged.
+peer (the reader stops reading while it is reached), a timeout on every request we wait
+for (answered or failed with a typed error, never left hanging) and on the handshake (a
+silent peer is closed). Everything the peer sends is validated by the session and the
+applier before anything is staged.
+
+Requests from the peer go to the node's :class:`~mycelia.node.ports.Answers` (the
+responder): each is answered as it comes, except commits, which one worker per
+connection takes **in arrival order**, handing the responder every commit that arrived
+while the previous ones were applied, so a client's pipelined commits are applied in the
+order it made them and share one storage write. Pushed updates go to ``on_update``.
 """
 
 from __future__ import annotations
@@ -14,22 +19,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Final, TypeVar
 
 from mycelia.errors import (
     ConnectionClosed,
     MyceliaError,
-    PresenceRejected,
     ProtocolError,
     RemoteError,
     RemoteProtocolError,
     RequestTimeout,
 )
+from mycelia.node.identity import NodeKey
 from mycelia.node.policy import Credentials, PeerInfo
+from mycelia.node.ports import Answers, Gate, MakeRequest
 from mycelia.node.session import PeerSession, Received, SessionState, Verified
 from mycelia.node.transport import Transport
-from mycelia.proto import NodeId
+from mycelia.proto import EntityId, Limits, NodeId
 from mycelia.proto.messages import Message, encode_frame
 from mycelia.proto.peering import (
     CommitRequest,
@@ -44,12 +51,11 @@ from mycelia.proto.peering import (
     UnsubscribeRequest,
 )
 
-if TYPE_CHECKING:
-    from mycelia.node.node import Node
-
-__all__ = ["DEFAULT_REQUEST_TIMEOUT", "PeerConnection"]
+__all__ = ["DEFAULT_REQUEST_TIMEOUT", "Identity", "PeerConnection"]
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
 
 DEFAULT_REQUEST_TIMEOUT: Final = 30.0
 HANDSHAKE_TIMEOUT: Final = 10.0
@@ -66,7 +72,17 @@ REQUESTS: Final = (
     SystemRequest,
 )
 
-UpdateHandler = Callable[["PeerConnection", SubscriptionUpdate], Awaitable[None]]
+UpdateHandler = Callable[[SubscriptionUpdate], Coroutine[object, object, None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What a connection presents of this node."""
+
+    key: NodeKey
+    durable: bool
+    limits: Limits
+    system_root: Callable[[], EntityId | None]
 
 
 class PeerConnection:
@@ -74,9 +90,11 @@ class PeerConnection:
 
     def __init__(
         self,
-        node: Node,
         transport: Transport,
         *,
+        me: Identity,
+        gate: Gate,
+        answers: Answers,
         dialed: bool,
         token: bytes | None = None,
         on_update: UpdateHandler | None = None,
@@ -84,14 +102,16 @@ class PeerConnection:
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         outgoing_frames: int = OUTGOING_FRAMES,
     ) -> None:
-        self.node = node
         self.transport = transport
         self.dialed = dialed
+        self._me = me
+        self._gate = gate
+        self._answers = answers
         self.session = PeerSession(
-            key=node.key,
-            durable=node.durable,
-            system_root=node.system_root,
-            limits=node.limits,
+            key=me.key,
+            durable=me.durable,
+            system_root=me.system_root(),
+            limits=me.limits,
             token=token,
         )
         self._on_update = on_update
@@ -99,7 +119,9 @@ class PeerConnection:
         self._handshake_timeout = handshake_timeout
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._outgoing: asyncio.Queue[bytes | None] = asyncio.Queue(outgoing_frames)
-        self._in_flight = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+        self._slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+        self._commits: list[CommitRequest] = []
+        self._commits_waiting = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._answering: set[asyncio.Task[None]] = set()
         self._draining = False
@@ -109,6 +131,11 @@ class PeerConnection:
         self.credentials = Credentials()
         self.peer_durable = False
         self.error: BaseException | None = None
+
+    @property
+    def remote(self) -> str:
+        """Who is on the other side (for logs)."""
+        return self.transport.remote
 
     @property
     def peer(self) -> Presence | None:
@@ -134,7 +161,7 @@ class PeerConnection:
         finally:
             closed.cancel()
             ready.cancel()
-        if not self._ready.is_set() or self._closed.is_set():
+        if not self.ready:
             raise self.error or ConnectionClosed("the connection closed during the handshake")
 
     async def wait_closed(self) -> None:
@@ -145,6 +172,7 @@ class PeerConnection:
         """Handshake, then serve until the connection closes. Never raises for peer faults:
         the reason is kept in :attr:`error`."""
         writer = asyncio.create_task(self._write_loop())
+        committer = asyncio.create_task(self._commit_loop())
         try:
             for frame in self.session.start():
                 self._enqueue(frame)
@@ -159,37 +187,50 @@ class PeerConnection:
                     else RequestTimeout("the peer did not complete the handshake in time")
                 )
             if not isinstance(exc, ConnectionClosed):
-                log.info("closing connection to %s: %s", self.transport.remote, self.error)
+                log.info("closing connection to %s: %s", self.remote, self.error)
         finally:
+            committer.cancel()
             await self._shutdown(writer)
 
+    def submit(self, make: MakeRequest) -> asyncio.Future[Message]:
+        """Send the request ``make(request_id)`` now; its response arrives in the future.
+
+        The future raises RemoteError (the peer answered with an error) or
+        ConnectionClosed (the connection closed first); it has no timeout of its own.
+        """
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        if not self.ready:
+            future.set_exception(ConnectionClosed("the connection is not ready"))
+            return future
+        rid = self.session.next_request_id()
+        self._pending[rid] = future
+        future.add_done_callback(lambda _: self._pending.pop(rid, None))
+        self._enqueue(encode_frame(make(rid)))
+        return future
+
     async def request(
-        self, make: Callable[[int], Message], *, timeout: float | None = None
-    ) -> Message:
-        """Send the request ``make(request_id)`` and return its response.
+        self, make: MakeRequest, *, expect: type[M], timeout: float | None = None
+    ) -> M:
+        """Send ``make(request_id)`` and return its response, an ``expect``.
 
         Raises:
             RemoteError: the peer answered with an error (``kind`` names it).
+            RemoteProtocolError: it answered with something other than an ``expect``.
             RequestTimeout: no answer within the timeout.
             ConnectionClosed: the connection closed first.
         """
-        if not self.ready:
-            raise ConnectionClosed("the connection is not ready")
-        rid = self.session.next_request_id()
-        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = future
+        future = self.submit(make)
         try:
-            self._enqueue(encode_frame(make(rid)))
             async with asyncio.timeout(timeout or self.request_timeout):
                 response = await future
         except TimeoutError as exc:
-            raise RequestTimeout(
-                f"no answer from {self.transport.remote} to request {rid}"
-            ) from exc
+            raise RequestTimeout(f"no answer from {self.remote} to a request") from exc
         finally:
-            self._pending.pop(rid, None)
-        if isinstance(response, ErrorResponse):
-            raise RemoteError(f"{response.kind}: {response.text}", kind=response.kind)
+            future.cancel()
+        if not isinstance(response, expect):
+            raise RemoteProtocolError(
+                f"{self.remote} answered with {type(response).__name__}, not {expect.__name__}"
+            )
         return response
 
     def push(self, msg: Message) -> None:
@@ -208,6 +249,12 @@ class PeerConnection:
         await self.transport.close()
         await self._closed.wait()
 
+    def spawn(self, coro: Coroutine[object, object, None]) -> None:
+        """Run ``coro`` as a task owned by this connection (cancelled when it closes)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     # -- internals -----------------------------------------------------------------------
 
     def _enqueue(self, frame: bytes) -> None:
@@ -216,7 +263,7 @@ class PeerConnection:
         try:
             self._outgoing.put_nowait(frame)
         except asyncio.QueueFull:
-            log.warning("peer %s is not reading: disconnecting it", self.transport.remote)
+            log.warning("peer %s is not reading: disconnecting it", self.remote)
             self._overflowed = True
             self.error = ConnectionClosed("slow consumer: outgoing queue full")
             while not self._outgoing.empty():  # free the memory now; stop the writer
@@ -235,92 +282,123 @@ class PeerConnection:
 
     async def _read_loop(self) -> None:
         while True:
-            await self._in_flight.acquire()  # backpressure: stop reading at the cap
-            self._in_flight.release()
-            await self._receive_one()
+            await self._slots.acquire()  # backpressure: stop reading at the cap
+            try:
+                answered_later = await self._receive_one()
+            except BaseException:
+                self._slots.release()
+                raise
+            if not answered_later:
+                self._slots.release()
 
-    async def _receive_one(self) -> None:
+    async def _receive_one(self) -> bool:
+        """Read one frame; True if it is a request that will release its slot when answered."""
         frame = await self.transport.recv()
         try:
             events = self.session.receive(frame)
         finally:
             for out in self.session.take_outgoing():
                 self._enqueue(out)
+        later = False
         for event in events:
             if isinstance(event, Verified):
                 self._verified(event)
             else:
-                self._received(event)
+                later = self._received(event) or later
+        return later
 
     def _verified(self, event: Verified) -> None:
         presence = event.presence
         info = PeerInfo(presence.node_id, presence.durable, self.dialed)
         self.credentials = Credentials(event.token)
-        self.node.policy.check_connect(info, self.credentials)
-        # "durable" is never taken on the peer's word (ARCHITECTURE.md §7).
-        self.peer_durable = presence.durable and (
-            self.dialed or self.node.policy.trusts_durable(info)
-        )
-        if self.node.system_root is not None and presence.system_root not in (
-            None,
-            self.node.system_root,
-        ):
-            raise PresenceRejected(f"the peer belongs to another system ({presence.system_root})")
+        # "durable" is never taken on the peer's word (ARCHITECTURE.md §7): the gate decides.
+        self.peer_durable = self._gate.admit(info, self.credentials, presence.system_root)
         self._ready.set()
         log.info(
             "peer %s connected from %s (%s)",
             presence.node_id,
-            self.transport.remote,
+            self.remote,
             "durable" if self.peer_durable else "ephemeral",
         )
 
-    def _received(self, event: Received) -> None:
+    def _received(self, event: Received) -> bool:
         msg = event.message
-        rid = getattr(msg, "request_id", None)
         if isinstance(msg, SubscriptionUpdate):
             if self._on_update is None:
                 raise RemoteProtocolError("this node holds no subscription with the peer")
-            self.spawn(self._on_update(self, msg))
-        elif isinstance(msg, REQUESTS):
+            self.spawn(self._on_update(msg))
+            return False
+        if isinstance(msg, REQUESTS):
             if self._draining:
                 self.push(
                     ErrorResponse(msg.request_id, "ConnectionClosed", "the node is shutting down")
                 )
-                return
+                return False
+            if isinstance(msg, CommitRequest):
+                self._commits.append(msg)
+                self._commits_waiting.set()
+                return True
             task = asyncio.ensure_future(self._answer(msg))
             self._tasks.add(task)
             self._answering.add(task)
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(self._answering.discard)
-        elif rid is not None and rid in self._pending:
-            future = self._pending.pop(rid)
-            if not future.done():
+            return True
+        rid = getattr(msg, "request_id", None)
+        future = self._pending.get(rid) if isinstance(rid, int) else None
+        if future is not None and not future.done():
+            if isinstance(msg, ErrorResponse):
+                future.set_exception(RemoteError(f"{msg.kind}: {msg.text}", kind=msg.kind))
+            else:
                 future.set_result(msg)
         else:
             log.debug("dropping a response to an unknown request %s", rid)
+        return False
 
     async def _answer(self, msg: Message) -> None:
-        async with self._in_flight:
-            rid = getattr(msg, "request_id", 0)
-            try:
-                response = await self.node.responder.handle(self, msg)
-            except MyceliaError as exc:
-                response = ErrorResponse(rid, type(exc).__name__, str(exc)[:4000])
-            except Exception as exc:  # a bug must not leave the peer hanging
-                log.exception("request %s from %s failed", rid, self.transport.remote)
-                response = ErrorResponse(rid, "InternalError", type(exc).__name__)
-            self.push(response)
+        rid = getattr(msg, "request_id", 0)
+        try:
+            response = await self._answers.handle(self, msg)
+        except MyceliaError as exc:
+            response = ErrorResponse(rid, type(exc).__name__, str(exc)[:4000])
+        except Exception as exc:  # a bug must not leave the peer hanging
+            log.exception("request %s from %s failed", rid, self.remote)
+            response = ErrorResponse(rid, "InternalError", type(exc).__name__)
+        finally:
+            self._slots.release()
+        self.push(response)
 
-    def spawn(self, coro: Awaitable[None]) -> None:
-        """Run ``coro`` as a task owned by this connection (cancelled when it closes)."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _commit_loop(self) -> None:
+        """Apply the peer's commits in arrival order, everything waiting at once."""
+        while True:
+            await self._commits_waiting.wait()
+            self._commits_waiting.clear()
+            batch, self._commits = self._commits, []
+            if not batch:
+                continue
+            task = asyncio.ensure_future(self._commit(batch))
+            self._answering.add(task)
+            try:
+                await asyncio.shield(task)
+            finally:
+                self._answering.discard(task)
+
+    async def _commit(self, batch: list[CommitRequest]) -> None:
+        try:
+            responses = await self._answers.commit(self, batch)
+        except Exception as exc:  # a bug must not leave the peer hanging
+            log.exception("%d commits from %s failed", len(batch), self.remote)
+            responses = [
+                ErrorResponse(m.request_id, "InternalError", type(exc).__name__) for m in batch
+            ]
+        for response in responses:
+            self._slots.release()
+            self.push(response)
 
     async def _shutdown(self, writer: asyncio.Task[None]) -> None:
         self.session.close()
         self._closed.set()
-        for future in self._pending.values():
+        for future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(ConnectionClosed("the connection closed"))
         with contextlib.suppress(asyncio.QueueFull):
@@ -333,5 +411,6 @@ class PeerConnection:
         await self.transport.close()
         for task in list(self._tasks):
             task.cancel()
+        self._answers.forget(self)
         if self.peer is not None and self._ready.is_set():
             log.info("peer %s disconnected (%s)", self.peer.node_id, self.error or "closed")

@@ -8,14 +8,22 @@ whatever the agent says (the node enforces that itself).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from mycelia.entity import Snapshot
-from mycelia.errors import PolicyDenied
-from mycelia.proto import AdmittedEvent, NodeId, is_reserved_collection
+from mycelia.errors import PolicyDenied, PresenceRejected
+from mycelia.proto import AdmittedEvent, EntityId, NodeId, is_reserved_collection
 
-__all__ = ["Credentials", "PeerInfo", "PermissiveAgent", "PolicyAgent", "check_not_reserved"]
+__all__ = [
+    "Credentials",
+    "Gatekeeper",
+    "PeerInfo",
+    "PermissiveAgent",
+    "PolicyAgent",
+    "check_not_reserved",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,23 @@ class PermissiveAgent:
         event: AdmittedEvent,
     ) -> None:
         """Every write is allowed."""
+
+
+class Gatekeeper:
+    """Admits peers whose keys verified: the agent decides, "durable" is never taken on the
+    peer's own word (ARCHITECTURE.md §7), and a peer of another system is refused."""
+
+    def __init__(self, policy: PolicyAgent, system_root: Callable[[], EntityId | None]) -> None:
+        self._policy = policy
+        self._system_root = system_root
+
+    def admit(self, peer: PeerInfo, credentials: Credentials, system_root: EntityId | None) -> bool:
+        """Whether the peer counts as durable; raises PolicyDenied or PresenceRejected."""
+        self._policy.check_connect(peer, credentials)
+        mine = self._system_root()
+        if mine is not None and system_root not in (None, mine):
+            raise PresenceRejected(f"the peer belongs to another system ({system_root})")
+        return peer.claims_durable and (peer.dialed or self._policy.trusts_durable(peer))
 
 
 def check_not_reserved(collection: str) -> None:

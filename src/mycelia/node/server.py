@@ -96,11 +96,9 @@ async def serve(
     server: Server | None = None
 
     async def handler(websocket: ServerConnection) -> None:
-        assert server is not None
-        peer = PeerConnection(
-            node,
+        assert server is not None  # set before the first connection is accepted
+        peer = node.accept(
             WebsocketTransport(websocket),
-            dialed=False,
             request_timeout=request_timeout,
             handshake_timeout=handshake_timeout,
             outgoing_frames=outgoing_frames,
@@ -110,7 +108,6 @@ async def serve(
             await peer.run()
         finally:
             server.connections.discard(peer)
-            node.responder.forget(peer)
 
     ws_server = await ws_serve(
         handler,

@@ -5,6 +5,12 @@ Every answer passes the policy agent first (ARCHITECTURE.md §9): reads are filt
 commits are checked event by event before anything is durable, and ``_mycelia_``
 collections refuse every client write. A remote commit is all-or-nothing.
 
+Commits: a connection's commits arrive here in order, several at once when the peer
+pipelines them (:meth:`Responder.commit`). They are applied as one atomic batch — one
+storage write, one round of pushes to subscribers — and when that batch is refused they
+are applied one by one, so each gets its own verdict and one refusal takes nothing else
+with it (a later commit built on a refused one is refused too: its parent is unknown).
+
 Subscriptions: a peer's standing query lives here with the heads this node believes the
 peer holds. After every local commit the changes go, in order, through one worker per
 peer, which pushes a :class:`SubscriptionUpdate` with, per entity, the new events (when
@@ -16,21 +22,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
-from mycelia.entity import EntityChange, Snapshot
-from mycelia.errors import InvalidArgument, LocalProtocolError
+from mycelia.entity import Entity, EntityChange, EventCheck, IngestResult, Snapshot
+from mycelia.errors import InvalidArgument, LocalProtocolError, MyceliaError
 from mycelia.node.deltas import delta_for, query_rows
-from mycelia.node.policy import Credentials, check_not_reserved
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState
+from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
+from mycelia.node.ports import Peer
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
     Ack,
     CommitRequest,
     Delta,
     DeltasResponse,
+    ErrorResponse,
     EventsResponse,
     FetchRequest,
     GetEventsRequest,
@@ -43,12 +51,9 @@ from mycelia.proto.peering import (
 )
 from mycelia.proto.query import Query, evaluate, parse
 from mycelia.proto.query.compile import Compiled, compile_predicate
+from mycelia.storage import StorageEngine
 
-if TYPE_CHECKING:
-    from mycelia.node.node import Node
-    from mycelia.node.peer import PeerConnection
-
-__all__ = ["Responder"]
+__all__ = ["Loader", "Responder"]
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +73,42 @@ class _Standing:
     """Entities the peer holds for this query, with the head it holds."""
 
 
+class Loader(Protocol):
+    """How the responder reads an entity as this node holds it (the applier)."""
+
+    async def load(self, entity_id: EntityId) -> Entity | None:
+        """The entity (``None`` if unknown)."""
+        ...
+
+
+CommitRemote = Callable[[list[Event], EventCheck], Awaitable[IngestResult]]
+"""Commits a peer's events all-or-nothing, the check first (and tells the listeners)."""
+
+
 class Responder:
-    """Answers requests from peers and pushes their subscriptions' updates."""
+    """Answers requests from peers and pushes their subscriptions' updates.
 
-    def __init__(self, node: Node) -> None:
-        self._node = node
-        self._subscriptions: dict[PeerConnection, dict[int, _Standing]] = {}
-        self._queues: dict[PeerConnection, asyncio.Queue[list[EntityChange] | None]] = {}
-        node.on_change(self._on_change)
+    Wire :meth:`on_change` as a change listener of the node.
+    """
 
-    async def handle(self, peer: PeerConnection, msg: Message) -> Message:
+    def __init__(
+        self,
+        entities: Loader,
+        storage: StorageEngine,
+        *,
+        policy: PolicyAgent,
+        commit: CommitRemote,
+        system_events: Callable[[], Awaitable[list[AdmittedEvent]]],
+    ) -> None:
+        self._entities = entities
+        self._storage = storage
+        self._policy = policy
+        self._commit_remote = commit
+        self._system_events = system_events
+        self._subscriptions: dict[Peer, dict[int, _Standing]] = {}
+        self._queues: dict[Peer, asyncio.Queue[list[EntityChange] | None]] = {}
+
+    async def handle(self, peer: Peer, msg: Message) -> Message:
         """The response to one request (raise a MyceliaError to answer with an error)."""
         match msg:
             case GetRequest():
@@ -85,10 +116,11 @@ class Responder:
             case GetEventsRequest():
                 return await self._get_events(peer, msg)
             case SystemRequest():
-                events = await self._node.system_events()
+                events = await self._system_events()
                 return EventsResponse(msg.request_id, tuple(e.event for e in events))
             case CommitRequest():
-                return await self._commit(peer, msg)
+                (response,) = await self.commit(peer, [msg])
+                return response
             case FetchRequest():
                 query = _bound(msg.query, msg.args)
                 deltas, _ = await self._deltas(peer.credentials, msg.collection, query, msg.known)
@@ -104,7 +136,7 @@ class Responder:
         """Standing queries held for all peers."""
         return sum(len(s) for s in self._subscriptions.values())
 
-    def forget(self, peer: PeerConnection) -> None:
+    def forget(self, peer: Peer) -> None:
         """Drop everything held for a closed connection."""
         self._subscriptions.pop(peer, None)
         queue = self._queues.pop(peer, None)
@@ -113,28 +145,28 @@ class Responder:
 
     # -- requests --------------------------------------------------------------------------
 
-    async def _get(self, peer: PeerConnection, msg: GetRequest) -> DeltasResponse:
+    async def _get(self, peer: Peer, msg: GetRequest) -> DeltasResponse:
         known = {k.entity_id: k.head for k in msg.known}
         deltas = []
         for entity_id in msg.entity_ids:
-            entity = await self._node.applier.load(entity_id)
+            entity = await self._entities.load(entity_id)
             if entity is None or not entity.exists:
                 continue
-            if not self._node.policy.can_read(peer.credentials, entity.snapshot()):
+            if not self._policy.can_read(peer.credentials, entity.snapshot()):
                 continue
-            delta = await delta_for(self._node.storage, entity.to_state(), known.get(entity_id))
+            delta = await delta_for(self._storage, entity.to_state(), known.get(entity_id))
             if delta is not None:
                 deltas.append(delta)
         return DeltasResponse(msg.request_id, tuple(deltas))
 
-    async def _get_events(self, peer: PeerConnection, msg: GetEventsRequest) -> EventsResponse:
-        found = await self._node.storage.get_events(msg.event_ids, ahead=msg.ahead)
+    async def _get_events(self, peer: Peer, msg: GetEventsRequest) -> EventsResponse:
+        found = await self._storage.get_events(msg.event_ids, ahead=msg.ahead)
         readable: dict[EntityId, bool] = {}
         events = []
         for event in found.values():
             if event.entity_id not in readable:
-                entity = await self._node.applier.load(event.entity_id)
-                readable[event.entity_id] = entity is not None and self._node.policy.can_read(
+                entity = await self._entities.load(event.entity_id)
+                readable[event.entity_id] = entity is not None and self._policy.can_read(
                     peer.credentials, entity.snapshot()
                 )
             if readable[event.entity_id]:
@@ -144,18 +176,40 @@ class Responder:
             msg.request_id, tuple(e.event for e in events), tuple(e.generation for e in events)
         )
 
-    async def _commit(self, peer: PeerConnection, msg: CommitRequest) -> Ack:
-        for event in msg.events:
-            check_not_reserved(event.collection)
-        policy, credentials = self._node.policy, peer.credentials
+    async def commit(self, peer: Peer, requests: Sequence[CommitRequest]) -> list[Message]:
+        """Apply a connection's commits in order: together if they all pass, else one by
+        one (see the module docstring); one response per request, in order."""
+        check = self._check(peer.credentials)
+        if len(requests) > 1:
+            try:
+                events = [e for r in requests for e in r.events]
+                for event in events:
+                    check_not_reserved(event.collection)
+                await self._commit_remote(events, check)
+            except MyceliaError:
+                pass  # one of them is refused: find which, one by one
+            else:
+                return [Ack(r.request_id) for r in requests]
+        return [await self._commit_one(r, check) for r in requests]
+
+    async def _commit_one(self, request: CommitRequest, check: EventCheck) -> Message:
+        try:
+            for event in request.events:
+                check_not_reserved(event.collection)
+            await self._commit_remote(list(request.events), check)
+        except MyceliaError as exc:
+            return ErrorResponse(request.request_id, type(exc).__name__, str(exc)[:4000])
+        return Ack(request.request_id)
+
+    def _check(self, credentials: Credentials) -> EventCheck:
+        policy = self._policy
 
         def check(before: Snapshot, after: Snapshot, event: AdmittedEvent) -> None:
             policy.check_event(credentials, before, after, event)
 
-        await self._node.commit_remote(list(msg.events), check=check)
-        return Ack(msg.request_id)
+        return check
 
-    async def _subscribe(self, peer: PeerConnection, msg: SubscribeRequest) -> DeltasResponse:
+    async def _subscribe(self, peer: Peer, msg: SubscribeRequest) -> DeltasResponse:
         query = _bound(msg.query, msg.args)
         standing = self._subscriptions.setdefault(peer, {})
         if msg.query_id not in standing and len(standing) >= MAX_SUBSCRIPTIONS:
@@ -188,28 +242,26 @@ class Responder:
         known_heads = {k.entity_id: k.head for k in known}
         deltas: list[Delta] = []
         members: dict[EntityId, Clock] = {}
-        for stored in await query_rows(self._node.storage, collection, query):
+        for stored in await query_rows(self._storage, collection, query):
             state = stored.state
-            if not self._node.policy.can_read(credentials, _snapshot(state, stored.values)):
+            if not self._policy.can_read(credentials, _snapshot(state, stored.values)):
                 continue
             held = known_heads.pop(state.entity_id, None)
-            delta = await delta_for(self._node.storage, state, held)
+            delta = await delta_for(self._storage, state, held)
             if delta is not None:
                 deltas.append(delta)
             members[state.entity_id] = state.state.head
         for entity_id, head in known_heads.items():
-            entity = await self._node.applier.load(entity_id)
+            entity = await self._entities.load(entity_id)
             if entity is None or not entity.exists or entity.collection != collection:
                 continue
             snapshot = entity.snapshot()
-            readable = self._node.policy.can_read(credentials, snapshot)
+            readable = self._policy.can_read(credentials, snapshot)
             matches = (
                 readable and not snapshot.deleted and evaluate(query.predicate, snapshot.values)
             )
             if readable or matches:
-                delta = await delta_for(
-                    self._node.storage, entity.to_state(), head, matches=matches
-                )
+                delta = await delta_for(self._storage, entity.to_state(), head, matches=matches)
             else:
                 delta = Delta(entity_id, collection, False, None, ())
             if delta is not None:
@@ -220,27 +272,24 @@ class Responder:
 
     # -- pushing updates ---------------------------------------------------------------------
 
-    def _on_change(self, changes: list[EntityChange]) -> None:
+    def on_change(self, changes: list[EntityChange]) -> None:
+        """Queue ``changes`` for every subscribed peer (a change listener of the node)."""
         for peer, queue in self._queues.items():
             if self._subscriptions.get(peer):
                 try:
                     queue.put_nowait(changes)
                 except asyncio.QueueFull:
-                    log.warning(
-                        "subscriber %s is too slow: disconnecting it", peer.transport.remote
-                    )
+                    log.warning("subscriber %s is too slow: disconnecting it", peer.remote)
                     peer.spawn(peer.close())
 
-    def _ensure_worker(self, peer: PeerConnection) -> None:
+    def _ensure_worker(self, peer: Peer) -> None:
         if peer in self._queues:
             return
         queue: asyncio.Queue[list[EntityChange] | None] = asyncio.Queue(1024)
         self._queues[peer] = queue
         peer.spawn(self._feed(peer, queue))
 
-    async def _feed(
-        self, peer: PeerConnection, queue: asyncio.Queue[list[EntityChange] | None]
-    ) -> None:
+    async def _feed(self, peer: Peer, queue: asyncio.Queue[list[EntityChange] | None]) -> None:
         while (changes := await queue.get()) is not None:
             for standing in list(self._subscriptions.get(peer, {}).values()):
                 deltas = await self._update(standing, changes)
@@ -274,21 +323,21 @@ class Responder:
         return deltas
 
     async def _ranked(self, standing: _Standing) -> set[EntityId]:
-        rows = await query_rows(self._node.storage, standing.collection, standing.query)
+        rows = await query_rows(self._storage, standing.collection, standing.query)
         return {
             s.state.entity_id
             for s in rows
-            if self._node.policy.can_read(standing.credentials, _snapshot(s.state, s.values))
+            if self._policy.can_read(standing.credentials, _snapshot(s.state, s.values))
         }
 
     async def _refill(self, standing: _Standing, ranked: set[EntityId]) -> list[Delta]:
         """Rows that entered a LIMIT result because others left it."""
         deltas = []
         for entity_id in ranked - set(standing.sent):
-            state = await self._node.storage.get_state(entity_id)
+            state = await self._storage.get_state(entity_id)
             if state is None:
                 continue
-            delta = await delta_for(self._node.storage, state, None)
+            delta = await delta_for(self._storage, state, None)
             if delta is not None:
                 deltas.append(delta)
             standing.sent[entity_id] = state.state.head
@@ -306,10 +355,10 @@ class Responder:
             events = tuple(e.event for e in change.events)
             delta = Delta(entity_id, standing.collection, member, None, events)
         else:
-            state = await self._node.storage.get_state(entity_id)
+            state = await self._storage.get_state(entity_id)
             if state is None:
                 return None
-            delta = await delta_for(self._node.storage, state, held, matches=member)
+            delta = await delta_for(self._storage, state, held, matches=member)
         if member:
             standing.sent[entity_id] = change.after.head
         else:
@@ -320,7 +369,7 @@ class Responder:
         return (
             not snapshot.deleted
             and (standing.predicate or compile_predicate(standing.query.predicate))(snapshot.values)
-            and self._node.policy.can_read(standing.credentials, snapshot)
+            and self._policy.can_read(standing.credentials, snapshot)
         )
 
 

@@ -2,45 +2,85 @@
 
 ``async with ctx.transaction() as trx:`` commits on normal exit and rolls back on an
 exception. A transaction works on forks of the entities it touches, taken when it first
-touches them, so it reads the same values until it commits. Commit builds one event per
-changed entity (a created entity's genesis is minted at ``create()`` so its id is known at
-once; later edits become one update on it), runs every policy check on every event, and
-only then makes everything durable in one atomic write; a denial or error persists nothing.
-Using a transaction, or a handle from it, after commit or rollback raises
+touches them (``edit`` reads through to the durable peer like ``get``), so it reads the
+same values until it commits. Commit builds one event per changed entity (a created
+entity's genesis is minted at ``create()`` so its id is known at once; later edits become
+one update on it), runs every policy check on every event, and only then makes everything
+durable here in one atomic write; a denial or error persists nothing. Using a
+transaction, or a handle from it, after commit or rollback raises
 :class:`~mycelia.errors.TransactionClosed`.
+
+Local first (ARCHITECTURE.md §7): on an ephemeral node the commit is visible here at once
+and owed to the durable peer, which confirms or refuses it later. How long ``commit``
+waits is the transaction's ``wait``:
+
+- ``"peer"`` (the default): until the durable peer confirmed it, or — when no durable peer
+  is reachable, or it becomes unreachable meanwhile — until it is owed; a refusal raises
+  (the commit has been reverted here by then);
+- ``"local"``: until it is durable here and owed (many can then be in flight at once).
+
+``await trx.confirmed()`` waits, in either mode, until the durable peer holds the commit,
+and raises its refusal.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import Final, Literal, TypeVar
 
-from mycelia.entity import DELETED, Entity, Snapshot
-from mycelia.entity.backends import TextBackend
+from mycelia.entity import DELETED, Entity, ForkBase, Snapshot
+from mycelia.entity.backends import ClientIds, TextBackend
 from mycelia.entity.model import Draft, Model
 from mycelia.entity.values import encode_value
-from mycelia.errors import EntityNotFound, InvalidArgument, SystemNotReady, TransactionClosed
-from mycelia.node.policy import Credentials, check_not_reserved
-from mycelia.proto import AdmittedEvent, EntityId, Event
+from mycelia.errors import (
+    EntityNotFound,
+    InvalidArgument,
+    SystemNotReady,
+    TransactionClosed,
+    TransactionError,
+)
+from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
+from mycelia.node.ports import Commit, Commits, Reads
+from mycelia.proto import AdmittedEvent, EntityId, Event, Limits
 from mycelia.proto.event import NONCE_LENGTH
 
-if TYPE_CHECKING:
-    from mycelia.node.node import Node
-
-__all__ = ["Transaction"]
+__all__ = ["WAITS", "Transaction", "TransactionParts", "Wait"]
 
 M = TypeVar("M", bound=Model)
+
+Wait = Literal["peer", "local"]
+WAITS: Final = ("peer", "local")
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionParts:
+    """What a transaction works with (the node wires them)."""
+
+    reads: Reads
+    commits: Commits
+    policy: PolicyAgent
+    system_root: Callable[[], EntityId | None]
+    limits: Limits
+    text_ids: ClientIds
+    entropy: Callable[[int], bytes]
 
 
 class Transaction:
     """A unit of local change; see the module docstring."""
 
-    def __init__(self, node: Node, credentials: Credentials) -> None:
-        self._node = node
+    def __init__(self, parts: TransactionParts, credentials: Credentials, *, wait: Wait) -> None:
+        if wait not in WAITS:
+            raise InvalidArgument(f"wait must be one of {WAITS}, not {wait!r}")
+        self._parts = parts
         self._credentials = credentials
+        self._wait = wait
         self._drafts: dict[EntityId, Draft] = {}
+        self._bases: dict[EntityId, ForkBase] = {}
         self._created: dict[EntityId, Event] = {}
         self._open = True
+        self._commit: Commit | None = None
 
     async def __aenter__(self) -> Transaction:
         return self
@@ -72,7 +112,7 @@ class Transaction:
         and SystemNotReady if the node has no system root yet.
         """
         self._check_open()
-        root = self._node.system_root
+        root = self._parts.system_root()
         if root is None:
             raise SystemNotReady("create_system() or join_system() before creating entities")
         unknown = set(values) - set(model._fields)
@@ -81,7 +121,7 @@ class Transaction:
         # Values are staged on a draft first (checked as they are set); its operations
         # become the genesis, whose id is the entity's.
         blank = Entity.empty(root, model.__collection__)
-        blank.prepare_text(self._node.text_ids)
+        blank.prepare_text(self._parts.text_ids)
         draft = Draft(model, blank, blank.snapshot(), self._alive)
         for name, spec in model._fields.items():
             if name in values:
@@ -94,8 +134,8 @@ class Transaction:
             collection=model.__collection__,
             system=root,
             operations=draft.entity.take_operations(),
-            nonce=self._node.entropy(NONCE_LENGTH),
-            limits=self._node.limits,
+            nonce=self._parts.entropy(NONCE_LENGTH),
+            limits=self._parts.limits,
         )
         entity = draft.entity.with_id(genesis.entity_id)
         entity.apply(AdmittedEvent(genesis, 1))
@@ -109,23 +149,35 @@ class Transaction:
     async def edit(self, model: type[M], entity_id: EntityId) -> M:
         """A mutable handle on an existing entity (forked now: repeatable reads).
 
-        Raises EntityNotFound if the entity is unknown here or is not a ``model``.
+        Reads through like ``ctx.get``: a connected ephemeral node asks its durable peer
+        first, unless the entity is held and kept current by a live query. Raises
+        EntityNotFound if the entity is unknown (here, and on the peer when connected),
+        deleted, or not a ``model``.
         """
         self._check_open()
         draft = self._drafts.get(entity_id)
         if draft is None:
-            entity = await self._node.applier.load(entity_id)
+            entity = await self._parts.reads.entity(entity_id)
             if (
                 entity is None
                 or not entity.exists
                 or entity.collection != model.__collection__
                 or entity.snapshot().deleted
             ):
-                raise EntityNotFound(f"no {model.__name__} with id {entity_id} here")
-            fork = entity.fork(text_ids=self._node.text_ids)
+                raise EntityNotFound(self._not_found(model, entity_id))
+            self._bases[entity_id] = self._parts.commits.base(entity)
+            fork = entity.fork(text_ids=self._parts.text_ids)
             draft = Draft(model, fork, entity.snapshot(), self._alive)
             self._drafts[entity_id] = draft
         return model._handle(draft)
+
+    def _not_found(self, model: type[Model], entity_id: EntityId) -> str:
+        where = (
+            "here or on the durable peer"
+            if self._parts.reads.connected()
+            else "held here, and no durable peer is connected to ask"
+        )
+        return f"no {model.__name__} with id {entity_id} is {where}"
 
     async def delete(self, model: type[M], entity_id: EntityId) -> None:
         """Delete the entity (a tombstone other replicas converge on; it stays deleted).
@@ -137,10 +189,13 @@ class Transaction:
         draft.entity.lww().set(DELETED, encode_value(True))
 
     async def commit(self) -> None:
-        """Make every change durable at once (or nothing, on any error).
+        """Make every change durable here at once (or nothing, on any error), then wait as
+        the transaction's ``wait`` says (see the module docstring).
 
         Policy is checked on every event, against the entity before and after, before
-        anything is written; a denial raises PolicyDenied and persists nothing.
+        anything is written; a denial raises PolicyDenied and persists nothing. With
+        ``wait="peer"``, the durable peer's refusal raises too (PolicyDenied, or
+        CommitReverted when this commit was built on a refused one).
         """
         self._check_open()
         self._open = False
@@ -150,16 +205,33 @@ class Transaction:
             if mine:
                 check_not_reserved(draft.entity.collection)
                 events.extend(mine)
-        if events:
-            policy, credentials = self._node.policy, self._credentials
+        try:
+            if events:
+                policy, credentials = self._parts.policy, self._credentials
 
-            def check(before: Snapshot, after: Snapshot, event: AdmittedEvent) -> None:
-                policy.check_event(credentials, before, after, event)
+                def check(before: Snapshot, after: Snapshot, event: AdmittedEvent) -> None:
+                    policy.check_event(credentials, before, after, event)
 
-            await self._node.commit_local(events, check=check)
-        # Only now: after a failure part of the edits may be published somewhere (a server
-        # took them) without the resident document holding them, so the id is not reused.
-        self._release_text_ids()
+                self._commit = await self._parts.commits.commit(
+                    events, bases=self._bases, check=check
+                )
+        finally:
+            # The resident documents now hold every item the forks made (or none of them):
+            # their client ids may serve the next forks.
+            self._release_text_ids()
+        if self._commit is not None and self._wait == "peer":
+            await self._commit.settled()
+
+    async def confirmed(self) -> None:
+        """Wait until the durable peer holds this transaction's commit (at once on a
+        durable node, or if it changed nothing); raises the peer's refusal.
+
+        Raises TransactionError before the transaction has committed.
+        """
+        if self._open:
+            raise TransactionError("commit the transaction before waiting for its confirmation")
+        if self._commit is not None:
+            await self._commit.confirmed()
 
     async def rollback(self) -> None:
         """Discard every change."""
@@ -172,7 +244,7 @@ class Transaction:
         """Give the forks' Yrs client ids back (their edits are published or discarded)."""
         for draft in self._drafts.values():
             if draft.entity.has_backend(TextBackend.name):
-                self._node.text_ids.release(draft.entity.text().client_id)
+                self._parts.text_ids.release(draft.entity.text().client_id)
 
     def _events_of(self, entity_id: EntityId, draft: Draft) -> list[Event]:
         """This draft's events: its genesis (if created here), then one update of its edits."""
@@ -188,7 +260,7 @@ class Transaction:
                     collection=draft.entity.collection,
                     parent=draft.entity.head,
                     operations=operations,
-                    limits=self._node.limits,
+                    limits=self._parts.limits,
                 )
             )
         return out

@@ -179,10 +179,9 @@ def _describe(a: tuple[str, EntityState], b: tuple[str, EntityState]) -> str:
 async def _check_memory(
     name: str, node: Node, entity_id: EntityId, stored: EntityState | None
 ) -> None:
-    resident = node.residents.get(entity_id)
-    if resident is None or not resident.exists:
+    mine = node.resident_state(entity_id)
+    if mine is None:
         return
-    mine = resident.to_state()
     if stored is None or mine != stored:
         raise MemoryAhead(
             f"memory holds head {mine.state.head!r}, storage "

@@ -1,0 +1,588 @@
+"""Local commits: durable here at once; on an ephemeral node, pushed, confirmed or reverted.
+
+ARCHITECTURE.md §7, "Local-first commits". A durable node's commit is done once it is
+written (:class:`LocalCommits`). An ephemeral node's commit (:class:`CommitPipeline`):
+
+1. **Local first.** The applier commits the transaction's events here — visible to reads
+   and live queries at once — with the commit's outbox record in the same storage write.
+   The commit joins the queue of owed commits, in commit order.
+2. **Pipelined.** While a session with the durable peer is open, the sender pushes owed
+   commits in order, up to :data:`WINDOW` in flight; the peer applies one connection's
+   commits in the order they arrive (grouping what arrives together into one write) and
+   answers in that order. The confirmer takes the answers in order: an Ack settles a
+   commit (its waiters wake; its record is deleted, in batches).
+3. **A refusal reverts, visibly.** The pipeline closes its gate (new local commits wait),
+   lets every commit in flight be answered, and takes out the refused commits and every
+   owed commit built on them (by event parents, transitively). The entities they touch are
+   fetched from the peer and reset to its state, with this node's other owed commits on
+   them (those the peer does not hold yet) replayed on top, in one write that also
+   settles the reverted records. Live queries show the change; waiters get the refusal
+   (:class:`~mycelia.errors.CommitReverted` for a dependent, with the refusal as cause);
+   :meth:`CommitPipeline.rejections` streams a :class:`Rejection` for each.
+4. **A session that ends** leaves owed commits owed; the next one pushes them again (the
+   peer deduplicates events by id), and a revert cut short by it happens then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+from mycelia import errors
+from mycelia.entity import Applier, Entity, EventCheck, ForkBase
+from mycelia.errors import (
+    CommitReverted,
+    ConnectionClosed,
+    InvalidArgument,
+    MyceliaError,
+    ProtocolError,
+    RemoteError,
+    RequestTimeout,
+)
+from mycelia.node.outbox import Outbox, Owed
+from mycelia.node.ports import ChangeListener, Commit, MakeRequest, Session
+from mycelia.proto import AdmittedEvent, EntityId, EntityState, Event, EventId, Limits
+from mycelia.proto.messages import Message
+from mycelia.proto.peering import (
+    CommitRequest,
+    DeltasResponse,
+    EventsResponse,
+    GetEventsRequest,
+    GetRequest,
+)
+from mycelia.retrieval import WriteBatch
+from mycelia.storage import StorageEngine
+
+__all__ = ["WINDOW", "CommitPipeline", "LocalCommits", "Rejection"]
+
+log = logging.getLogger(__name__)
+
+WINDOW: Final = 128
+"""Most commits in flight to the durable peer at once."""
+REJECTIONS_KEPT: Final = 1024
+"""Rejection records a slow reader of ``rejections()`` may fall behind by (then dropped)."""
+FRAME_MARGIN: Final = 64 * 1024
+"""Room a commit request leaves in a frame for its envelope."""
+TRANSIENT: Final = frozenset(
+    {
+        "ConnectionClosed",
+        "RequestTimeout",
+        "InternalError",
+        "StorageError",
+        "StorageLocked",
+        "StorageReadOnly",
+        "StorageCorrupt",
+    }
+)
+"""Error kinds that say the peer could not take a commit *now*: not a refusal, so the
+commit stays owed and is pushed again by a later session."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A local commit that was reverted: the durable peer refused it, or one it built on."""
+
+    events: tuple[EventId, ...]
+    entities: tuple[EntityId, ...]
+    error: MyceliaError
+    """The peer's refusal, or CommitReverted (its ``__cause__`` is that refusal)."""
+
+
+class _SessionOver(Exception):
+    """This session will give no more verdicts: stop pushing; the next one pushes again."""
+
+
+class _Done:
+    """The handle of a commit that needs no confirmation (durable here, or a no-op)."""
+
+    def done(self) -> bool:
+        return True
+
+    async def confirmed(self) -> None:
+        return None
+
+    async def settled(self) -> None:
+        return None
+
+
+DONE: Final = _Done()
+
+
+class LocalCommits:
+    """A durable node's commits: done once written here."""
+
+    def __init__(self, applier: Applier, *, notify: ChangeListener) -> None:
+        self._applier = applier
+        self._notify = notify
+
+    def base(self, entity: Entity) -> ForkBase:
+        """What a fork of ``entity`` taken now starts from."""
+        return self._applier.base(entity)
+
+    async def commit(
+        self, events: Sequence[Event], *, bases: Mapping[EntityId, ForkBase], check: EventCheck
+    ) -> Commit:
+        """Commit here (durable once this returns)."""
+        result = await self._applier.commit_local(events, bases=bases, check=check)
+        self._notify(result.changes)
+        return DONE
+
+
+class _Pending:
+    """One owed commit and its waiters (the :class:`~mycelia.node.ports.Commit` handle)."""
+
+    __slots__ = ("_future", "_pipeline", "owed")
+
+    def __init__(self, owed: Owed, pipeline: CommitPipeline) -> None:
+        self.owed = owed
+        self._pipeline = pipeline
+        self._future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._future.add_done_callback(_retrieve)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    async def confirmed(self) -> None:
+        await asyncio.shield(self._future)
+
+    async def settled(self) -> None:
+        if not self._future.done() and self._pipeline.ready():
+            await _either(asyncio.shield(self._future), self._pipeline.session_over())
+        if self._future.done():
+            self._future.result()
+
+    def outcome(self) -> Awaitable[None]:
+        """The commit's outcome, to wait on without cancelling it."""
+        return asyncio.shield(self._future)
+
+    def succeed(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+    def fail(self, error: MyceliaError) -> None:
+        if not self._future.done():
+            self._future.set_exception(error)
+
+
+async def _either(first: Awaitable[object], second: Awaitable[object]) -> None:
+    """Wait until one of two awaitables is done (the other is cancelled)."""
+    tasks: set[asyncio.Future[Any]] = {asyncio.ensure_future(first), asyncio.ensure_future(second)}
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark an outcome seen: nobody need wait for a commit (asyncio would warn)."""
+    if not future.cancelled():
+        future.exception()
+
+
+class _Gate:
+    """Local commits share it; a revert takes it alone, after those in progress finish."""
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        await self._open.wait()
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        self._open.clear()
+        try:
+            await self._idle.wait()
+            yield
+        finally:
+            self._open.set()
+
+
+class _Flight:
+    """The commits in flight on one session, oldest first, at most WINDOW of them."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[_Pending, asyncio.Future[Message]]] = deque()
+        self._room = asyncio.Semaphore(WINDOW)
+        self._arrived = asyncio.Event()
+
+    async def slot(self) -> None:
+        await self._room.acquire()
+
+    def add(self, pending: _Pending, future: asyncio.Future[Message]) -> None:
+        self._items.append((pending, future))
+        self._arrived.set()
+
+    async def oldest(self) -> tuple[_Pending, asyncio.Future[Message]]:
+        while not self._items:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return self._items[0]
+
+    def pop(self) -> tuple[_Pending, asyncio.Future[Message]]:
+        item = self._items.popleft()
+        self._room.release()
+        return item
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+
+class CommitPipeline:
+    """An ephemeral node's local commits and what it owes its durable peer (see above)."""
+
+    def __init__(
+        self,
+        applier: Applier,
+        outbox: Outbox,
+        storage: StorageEngine,
+        *,
+        notify: ChangeListener,
+        limits: Limits,
+        ready: Callable[[], bool],
+        request_timeout: float = 30.0,
+    ) -> None:
+        self._applier = applier
+        self._outbox = outbox
+        self._storage = storage
+        self._notify = notify
+        self._limits = limits
+        self.ready = ready
+        """Whether the durable peer is connected and ready (the upstream says)."""
+        self._timeout = request_timeout
+        self._owed: dict[int, _Pending] = {}
+        self._queue: deque[_Pending] = deque()
+        self._wake = asyncio.Event()
+        self._paused = False
+        self._gate = _Gate()
+        self._over = asyncio.Event()
+        self._over.set()
+        self._to_settle: list[Owed] = []
+        self._settle_wake = asyncio.Event()
+        self._readers: list[asyncio.Queue[Rejection]] = []
+
+    async def load(self) -> None:
+        """Take up the commits owed since an earlier run (call once, at open)."""
+        for owed in await self._outbox.load():
+            self._owed[owed.seq] = _Pending(owed, self)
+
+    # -- committing ----------------------------------------------------------------------
+
+    def base(self, entity: Entity) -> ForkBase:
+        """What a fork of ``entity`` taken now starts from."""
+        return self._applier.base(entity)
+
+    async def commit(
+        self, events: Sequence[Event], *, bases: Mapping[EntityId, ForkBase], check: EventCheck
+    ) -> Commit:
+        """Commit here with the outbox record in the same write, then owe it (see above).
+
+        Raises InvalidArgument for a commit too large to ever push, CommitReverted if an
+        edited entity was reverted since its fork, PolicyDenied, StorageError; nothing is
+        durable or owed then.
+        """
+        self._check_size(events)
+        owed: Owed | None = None
+
+        def record(staged: list[AdmittedEvent]) -> tuple[tuple[str, bytes | None], ...]:
+            nonlocal owed
+            owed = self._outbox.record(staged)
+            return (owed.record(),)
+
+        async with self._gate.shared():
+            result = await self._applier.commit_local(
+                events, bases=bases, check=check, record=record
+            )
+        self._notify(result.changes)
+        if owed is None or not owed.events:
+            return DONE
+        pending = self._owed[owed.seq] = _Pending(owed, self)
+        self._queue.append(pending)
+        self._wake.set()
+        return pending
+
+    def _check_size(self, events: Sequence[Event]) -> None:
+        limits = self._limits
+        size = sum(len(e.to_bytes()) for e in events)
+        if len(events) > limits.max_batch_events or size > limits.max_frame_bytes - FRAME_MARGIN:
+            raise InvalidArgument(
+                f"this transaction ({len(events)} events, {size} bytes) is too large to push "
+                f"to the durable peer (at most {limits.max_batch_events} events and "
+                f"{limits.max_frame_bytes - FRAME_MARGIN} bytes): split it into smaller ones"
+            )
+
+    def owed_count(self) -> int:
+        """Local commits not confirmed by the durable peer yet."""
+        return len(self._owed)
+
+    def owed(self) -> list[Event]:
+        """Every event owed to the durable peer, oldest commit first."""
+        return [e.event for p in self._owed.values() for e in p.owed.events]
+
+    def rejections(self) -> AsyncIterator[Rejection]:
+        """Every rejection from now on (see :class:`Rejection`), as an async iterator."""
+        queue: asyncio.Queue[Rejection] = asyncio.Queue(REJECTIONS_KEPT)
+        self._readers.append(queue)
+
+        async def stream() -> AsyncIterator[Rejection]:
+            try:
+                while True:
+                    yield await queue.get()
+            finally:
+                self._readers.remove(queue)
+
+        return stream()
+
+    async def session_over(self) -> None:
+        """Wait until no session with the durable peer is open."""
+        await self._over.wait()
+
+    # -- a session -------------------------------------------------------------------------
+
+    async def serve(self, session: Session) -> None:
+        """Push owed commits over ``session`` and take their answers, until it ends."""
+        self._queue = deque(self._owed.values())
+        self._over.clear()
+        flight = _Flight()
+        tasks = [
+            asyncio.ensure_future(self._send(session, flight)),
+            asyncio.ensure_future(self._confirm(session, flight)),
+            asyncio.ensure_future(self._settle()),
+        ]
+        closed = asyncio.ensure_future(session.wait_closed())
+        try:
+            await asyncio.wait([closed, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+            for task in tasks:
+                task.cancel()
+            for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(outcome, Exception):
+                    log.error("the commit pipeline failed", exc_info=outcome)
+            await self._flush_settled()
+            self._over.set()
+
+    async def wait_pushed(self, session: Session) -> None:
+        """Wait until every commit owed now is confirmed or reverted (or the session ends)."""
+        waiting = [p.outcome() for p in self._owed.values()]
+        if waiting:
+            await _either(asyncio.gather(*waiting, return_exceptions=True), session.wait_closed())
+
+    async def _send(self, session: Session, flight: _Flight) -> None:
+        while True:
+            await flight.slot()
+            pending = await self._next_unsent()
+            flight.add(pending, session.submit(_commit_request(pending.owed)))
+
+    async def _next_unsent(self) -> _Pending:
+        """The oldest owed commit not sent in this session (waits while paused or none)."""
+        while True:
+            while self._paused or not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            pending = self._queue.popleft()
+            if pending.owed.seq in self._owed:
+                return pending  # (else settled or reverted meanwhile)
+
+    async def _confirm(self, session: Session, flight: _Flight) -> None:
+        while True:
+            pending, future = await flight.oldest()
+            try:
+                refusal = await self._answer(future)
+                flight.pop()
+                if refusal is None:
+                    self._confirmed(pending)
+                else:
+                    await self._revert(session, flight, {pending.owed.seq: refusal})
+            except _SessionOver as exc:
+                log.info("pushing commits stopped (%s): the next session pushes them again", exc)
+                await session.close()
+                return
+
+    async def _answer(self, future: asyncio.Future[Message]) -> MyceliaError | None:
+        """The peer's verdict on one commit: None (confirmed) or its refusal.
+
+        Raises _SessionOver when there will be no verdict in this session (closed, stuck,
+        or the peer could not take the commit now).
+        """
+        try:
+            async with asyncio.timeout(self._timeout):
+                await future
+        except RemoteError as exc:
+            if exc.kind in TRANSIENT:
+                raise _SessionOver(f"the durable peer could not take it now: {exc}") from exc
+            return _local_error(exc)
+        except (ConnectionClosed, TimeoutError) as exc:
+            raise _SessionOver(str(exc) or "no answer in time") from exc
+        return None
+
+    def _confirmed(self, pending: _Pending) -> None:
+        self._owed.pop(pending.owed.seq, None)
+        self._to_settle.append(pending.owed)
+        self._settle_wake.set()
+        pending.succeed()
+
+    async def _settle(self) -> None:
+        while True:
+            await self._settle_wake.wait()
+            self._settle_wake.clear()
+            await self._flush_settled()
+
+    async def _flush_settled(self) -> None:
+        done, self._to_settle = self._to_settle, []
+        if done:
+            try:
+                await self._storage.write(WriteBatch(meta=Outbox.settled(done)))
+            except MyceliaError as exc:  # harmless: settled records are pushed once more
+                log.warning("could not settle %d confirmed commits: %s", len(done), exc)
+
+    # -- reverting -------------------------------------------------------------------------
+
+    async def _revert(
+        self, session: Session, flight: _Flight, refused: dict[int, MyceliaError]
+    ) -> None:
+        self._paused = True
+        try:
+            async with self._gate.exclusive():
+                while flight:  # every commit in flight is answered before anything moves
+                    pending, future = flight.pop()
+                    refusal = await self._answer(future)
+                    if refusal is None:
+                        self._confirmed(pending)
+                    else:
+                        refused[pending.owed.seq] = refusal
+                doomed = self._doomed(refused)
+                try:
+                    await self._reset(session, doomed)
+                except (ConnectionClosed, RequestTimeout, ProtocolError) as exc:
+                    raise _SessionOver(
+                        f"the durable peer went away while reverting: {exc}"
+                    ) from exc
+        finally:
+            self._paused = False
+            self._wake.set()
+
+    def _doomed(self, refused: dict[int, MyceliaError]) -> dict[int, MyceliaError]:
+        """The refused commits and every owed commit built on one, with their errors."""
+        doomed = dict(refused)
+        origin = {seq: seq for seq in refused}
+        cause = {e.id: seq for seq in refused for e in self._owed[seq].owed.events}
+        for seq, pending in self._owed.items():  # in commit order: parents come first
+            if seq in doomed:
+                continue
+            hit = next(
+                (cause[p] for e in pending.owed.events for p in e.parent if p in cause), None
+            )
+            if hit is None:
+                continue
+            first = origin[seq] = origin[hit]
+            doomed[seq] = _reverted(seq, first, refused[first])
+            cause.update((e.id, seq) for e in pending.owed.events)
+        return doomed
+
+    async def _reset(self, session: Session, doomed: dict[int, MyceliaError]) -> None:
+        gone = [self._owed[seq] for seq in sorted(doomed)]
+        entities = sorted({e for p in gone for e in p.owed.entities})
+        touched = set(entities)
+        kept = [p for s, p in self._owed.items() if s not in doomed and p.owed.entities & touched]
+        states = await self._fetch_states(session, entities)
+        replay = await self._not_held(session, kept, {e for e, s in states.items() if s})
+        settled = Outbox.settled(p.owed for p in gone)
+        result = await self._applier.reset(states, replay=replay, meta=settled)
+        self._notify(result.changes)
+        for pending in gone:
+            error = doomed[pending.owed.seq]
+            self._owed.pop(pending.owed.seq, None)
+            log.warning("the durable peer refused local commit %d: %s", pending.owed.seq, error)
+            pending.fail(error)
+            self._publish(
+                Rejection(_ids(pending.owed), tuple(sorted(pending.owed.entities)), error)
+            )
+
+    async def _fetch_states(
+        self, session: Session, entities: list[EntityId]
+    ) -> dict[EntityId, EntityState | None]:
+        states: dict[EntityId, EntityState | None] = dict.fromkeys(entities)
+        step = self._limits.max_clock_width
+        for start in range(0, len(entities), step):
+            ids = tuple(entities[start : start + step])
+            response = await session.request(_get(ids), expect=DeltasResponse)
+            for delta in response.deltas:
+                if delta.entity_id in states and delta.state is not None:
+                    states[delta.entity_id] = delta.state
+        return states
+
+    async def _not_held(
+        self, session: Session, kept: list[_Pending], entities: set[EntityId]
+    ) -> list[AdmittedEvent]:
+        """The kept commits' events on ``entities`` that the durable peer does not hold."""
+        mine = [e for p in kept for e in p.owed.events if e.entity_id in entities]
+        held: set[EventId] = set()
+        step = self._limits.max_batch_events
+        for start in range(0, len(mine), step):
+            ids = tuple(e.id for e in mine[start : start + step])
+            response = await session.request(_get_events(ids), expect=EventsResponse)
+            held.update(e.id for e in response.events)
+        return [e for e in mine if e.id not in held]
+
+    def _publish(self, rejection: Rejection) -> None:
+        for queue in self._readers:
+            if queue.full():
+                queue.get_nowait()  # a reader that does not keep up loses the oldest
+            queue.put_nowait(rejection)
+
+
+def _reverted(seq: int, origin: int, refusal: MyceliaError) -> CommitReverted:
+    error = CommitReverted(
+        f"local commit {seq} was reverted: it was built on local commit {origin}, "
+        f"which the durable peer refused ({refusal})"
+    )
+    error.__cause__ = refusal
+    return error
+
+
+def _commit_request(owed: Owed) -> MakeRequest:
+    events = tuple(e.event for e in owed.events)
+    return lambda rid: CommitRequest(rid, events)
+
+
+def _get(ids: tuple[EntityId, ...]) -> MakeRequest:
+    return lambda rid: GetRequest(rid, ids, ())
+
+
+def _get_events(ids: tuple[EventId, ...]) -> MakeRequest:
+    return lambda rid: GetEventsRequest(rid, ids, 0)
+
+
+def _ids(owed: Owed) -> tuple[EventId, ...]:
+    return tuple(e.id for e in owed.events)
+
+
+def _local_error(exc: RemoteError) -> MyceliaError:
+    """The local error class a peer's refusal names (PolicyDenied stays PolicyDenied)."""
+    kind = getattr(errors, exc.kind, None)
+    if isinstance(kind, type) and issubclass(kind, MyceliaError) and kind is not RemoteError:
+        try:
+            return kind(f"the durable peer refused: {exc}")
+        except TypeError:
+            pass
+    return exc

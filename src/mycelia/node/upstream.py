@@ -1,0 +1,328 @@
+"""The upstream: the one owner of a node's durable peer (ARCHITECTURE.md §7).
+
+A node has one :class:`Upstream`; it talks to the durable peer only through its
+:class:`Link`, which holds the current session and the one definition of connection
+state and readiness (:class:`ConnectionState`). A
+:class:`~mycelia.node.client.Connection` dials and redials; for each session it opens,
+the upstream **prepares** it before the link turns READY:
+
+1. joins the peer's system if this node has none (a node of another system is refused at
+   the handshake);
+2. pushes every owed commit and takes the answers (refusals revert, see
+   :mod:`mycelia.node.commits`); the pipeline keeps pushing for the whole session;
+3. re-establishes every live query's subscription with the heads held here, so it
+   catches up with bridges or snapshots and learns what left each query meanwhile.
+
+It also reads through (``get``, ``fetch`` and ``trx.edit`` ask the peer first, unless the
+entity is held and kept current by a subscription), applies what the peer sends (states
+merged, events ingested, missing parents fetched), and answers the applier's requests for
+history this node does not hold (:meth:`Link.get_events`).
+
+Offline (no session, or one not ready yet) everything answers from what is here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Final, TypeVar
+
+from mycelia.entity import Applier, Entity, EntityChange, IngestResult
+from mycelia.errors import ConnectionClosed, MyceliaError, ProtocolError, RequestTimeout
+from mycelia.node.commits import CommitPipeline
+from mycelia.node.deltas import query_rows
+from mycelia.node.ports import ChangeListener, MakeRequest, Session, Standing
+from mycelia.proto import AdmittedEvent, Clock, EntityId, Event, EventId
+from mycelia.proto.messages import Message
+from mycelia.proto.peering import (
+    Delta,
+    DeltasResponse,
+    EventsResponse,
+    FetchRequest,
+    GetEventsRequest,
+    GetRequest,
+    KnownEntity,
+    SubscribeRequest,
+    SubscriptionUpdate,
+    SystemRequest,
+    UnsubscribeRequest,
+)
+from mycelia.proto.query import Query
+from mycelia.retrieval import StoredState
+from mycelia.storage import StorageEngine
+
+__all__ = ["MAX_FETCH_ROUNDS", "ConnectionState", "Link", "Upstream"]
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+MAX_FETCH_ROUNDS: Final = 64
+"""Rounds of asking the peer for missing parents before events are left pending."""
+
+
+class ConnectionState(enum.Enum):
+    """Where a node stands with its durable peer."""
+
+    CONNECTING = "connecting"
+    """Dialing, in the handshake, or preparing the session."""
+    READY = "ready"
+    """Connected, system joined, owed commits pushed, subscriptions re-established."""
+    DISCONNECTED = "disconnected"
+    """Between attempts (the last error is in :attr:`Link.error`)."""
+    CLOSED = "closed"
+
+
+class Link:
+    """The current session with the durable peer and the connection state (one place)."""
+
+    def __init__(self) -> None:
+        self.state = ConnectionState.DISCONNECTED
+        self.error: BaseException | None = None
+        self.session: Session | None = None
+        """The open session (handshake done), READY or still being prepared."""
+        self._changed = asyncio.Condition()
+
+    @property
+    def ready(self) -> bool:
+        """Whether the durable peer is connected and the session prepared."""
+        return self.state is ConnectionState.READY
+
+    async def set_state(self, state: ConnectionState) -> None:
+        """Move to ``state`` (CLOSED is final) and wake the waiters."""
+        async with self._changed:
+            if self.state is not ConnectionState.CLOSED:
+                self.state = state
+            self._changed.notify_all()
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until READY; raises TimeoutError after ``timeout``, ConnectionClosed if the
+        link is closed first."""
+        await self.wait_state(ConnectionState.READY, timeout, closed_raises=True)
+
+    async def wait_state(
+        self, state: ConnectionState, timeout: float | None = None, *, closed_raises: bool = False
+    ) -> None:
+        """Wait until the link is in ``state``."""
+
+        def reached() -> bool:
+            return self.state is state or self.state is ConnectionState.CLOSED
+
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(reached)
+        if self.state is not state and (closed_raises or state is not ConnectionState.CLOSED):
+            raise ConnectionClosed("the connection to the durable peer was closed")
+
+    async def request(
+        self, make: MakeRequest, *, expect: type[M], timeout: float | None = None
+    ) -> M:
+        """A request over the open session; raises ConnectionClosed when there is none."""
+        session = self.session
+        if session is None:
+            raise ConnectionClosed("not connected to the durable peer")
+        return await session.request(make, expect=expect, timeout=timeout)
+
+    async def get_events(self, ids: Sequence[EventId], ahead: int) -> list[AdmittedEvent]:
+        """History from the durable peer (nothing when it is unreachable or refuses): the
+        applier's remote source (ARCHITECTURE.md §4, the cached getter)."""
+        wanted = tuple(ids)
+        try:
+            response = await self.request(
+                lambda rid: GetEventsRequest(rid, wanted, ahead), expect=EventsResponse
+            )
+        except (ConnectionClosed, RequestTimeout, ProtocolError) as exc:
+            log.info("could not fetch %d events from the durable peer: %s", len(wanted), exc)
+            return []
+        if len(response.generations) != len(response.events):
+            return []
+        pairs = zip(response.events, response.generations, strict=True)
+        return [AdmittedEvent(e, g) for e, g in pairs]
+
+
+class Upstream:
+    """Everything a node does with its durable peer; see the module docstring."""
+
+    def __init__(
+        self,
+        link: Link,
+        applier: Applier,
+        storage: StorageEngine,
+        *,
+        durable: bool,
+        notify: ChangeListener,
+        tracked: Callable[[EntityId], bool],
+        join_system: Callable[[Sequence[Event]], Awaitable[None]],
+        has_system: Callable[[], bool],
+        commits: CommitPipeline | None = None,
+    ) -> None:
+        self._link = link
+        self._applier = applier
+        self._storage = storage
+        self._durable = durable
+        self._notify = notify
+        self._tracked = tracked
+        self._join_system = join_system
+        self._has_system = has_system
+        self._commits = commits
+        self._following: dict[int, Standing] = {}
+        self._serving: set[asyncio.Task[None]] = set()
+
+    # -- sessions ----------------------------------------------------------------------
+
+    async def prepare(self, session: Session) -> None:
+        """Make a new session usable before the link turns READY (see the module docstring).
+
+        Raises what a step raised; the connection then drops the session and redials.
+        """
+        if not self._has_system():
+            response = await session.request(SystemRequest, expect=EventsResponse)
+            await self._join_system(response.events)
+        if self._commits is not None:
+            task = asyncio.ensure_future(self._commits.serve(session))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
+            await self._commits.wait_pushed(session)
+        for live in list(self._following.values()):
+            await self._subscribe(session, live)
+
+    async def stopped(self) -> None:
+        """Wait until the work of ended sessions is finished (the node is closing)."""
+        if self._serving:
+            await asyncio.gather(*self._serving, return_exceptions=True)
+
+    async def on_update(self, update: SubscriptionUpdate) -> None:
+        """Apply an update the durable peer pushed for one of our subscriptions."""
+        await self.apply_deltas(update.deltas)
+
+    # -- read-through --------------------------------------------------------------------
+
+    def connected(self) -> bool:
+        """Whether the durable peer is connected and ready."""
+        return self._link.ready
+
+    async def entity(self, entity_id: EntityId) -> Entity | None:
+        """The entity, refreshed from the durable peer unless a subscription keeps it."""
+        if self._link.ready and not self._tracked(entity_id):
+            held = await self._applier.load(entity_id)
+            known = (KnownEntity(entity_id, held.head.ids),) if held and held.exists else ()
+            await self._ask_deltas(lambda rid: GetRequest(rid, (entity_id,), known))
+        return await self._applier.load(entity_id)
+
+    async def rows(
+        self, collection: str, query: Query, text: str, args: tuple[object, ...]
+    ) -> list[StoredState]:
+        """The rows matching ``query`` here, after the durable peer sent what is missing."""
+        if self._link.ready:
+            known = tuple(
+                KnownEntity(s.state.entity_id, s.state.state.head.ids)
+                for s in await query_rows(self._storage, collection, query)
+            )
+            await self._ask_deltas(lambda rid: FetchRequest(rid, collection, text, args, known))
+        return await query_rows(self._storage, collection, query)
+
+    async def _ask_deltas(self, make: MakeRequest) -> None:
+        try:
+            response = await self._link.request(make, expect=DeltasResponse)
+        except (ConnectionClosed, RequestTimeout):
+            return  # offline after all: answer from what is here
+        await self.apply_deltas(response.deltas)
+
+    # -- live queries --------------------------------------------------------------------
+
+    async def follow(self, live: Standing) -> None:
+        """Mirror ``live`` on the durable peer now (if a session is open) and after every
+        reconnect."""
+        self._following[live.query_id] = live
+        session = self._link.session
+        if session is not None:
+            await self._subscribe(session, live)
+
+    async def resubscribe(self, live: Standing) -> None:
+        """Mirror ``live`` again (its query changed)."""
+        session = self._link.session
+        if session is not None and live.query_id in self._following:
+            await self._subscribe(session, live)
+
+    async def unfollow(self, live: Standing) -> None:
+        """Stop mirroring ``live`` (offline is fine: the peer forgets a closed link's)."""
+        if self._following.pop(live.query_id, None) is None:
+            return
+        qid = live.query_id
+        with contextlib.suppress(ConnectionClosed, RequestTimeout):
+            await self._link.request(lambda rid: UnsubscribeRequest(rid, qid), expect=Message)
+
+    async def _subscribe(self, session: Session, live: Standing) -> None:
+        """Mirror one query on the peer, sending the heads held here."""
+        known = []
+        for entity_id in live.member_ids():
+            entity = await self._applier.load(entity_id)
+            if entity is not None and entity.exists:
+                known.append(KnownEntity(entity_id, entity.head.ids))
+        collection, text, args, qid = live.collection, live.text, live.args, live.query_id
+        try:
+            response = await session.request(
+                lambda rid: SubscribeRequest(rid, qid, collection, text, args, tuple(known)),
+                expect=DeltasResponse,
+            )
+        except (ConnectionClosed, RequestTimeout):
+            return  # the session is ending: the next one subscribes again
+        except MyceliaError as exc:
+            log.warning("could not subscribe query %s on the durable peer: %s", qid, exc)
+            return
+        await self.apply_deltas(response.deltas)
+
+    # -- what the peer sends -----------------------------------------------------------
+
+    async def apply_deltas(self, deltas: Iterable[Delta]) -> list[EntityChange]:
+        """Apply deltas from the durable peer (states merged, events ingested, gaps filled)."""
+        deltas = tuple(deltas)
+        changes: list[EntityChange] = []
+        events = [e for d in deltas for e in d.events]
+        states = [d.state for d in deltas if d.state is not None]
+        # An ephemeral node trusts its durable peer's states, so also its word that a state
+        # descends from the head held here; a durable node takes no head on a peer's word.
+        bases = {
+            d.entity_id: Clock(d.base)
+            for d in deltas
+            if d.state is not None and d.base is not None and not self._durable
+        }
+        if states:
+            changes.extend((await self._applier.ingest_states(states, bases=bases)).changes)
+        if events:
+            result = await self._applier.ingest(events)
+            for entity_id, error in result.errors.items():
+                log.warning(
+                    "the durable peer sent events for %s that were refused: %s", entity_id, error
+                )
+            changes.extend(result.changes)
+            changes.extend(await self._fill_gaps(result))
+        self._notify(changes)
+        return changes
+
+    async def _fill_gaps(self, result: IngestResult) -> list[EntityChange]:
+        """Ask the peer for parents nobody here has, until the held events apply."""
+        changes: list[EntityChange] = []
+        missing: set[EventId] = set(result.missing)
+        for _ in range(MAX_FETCH_ROUNDS):
+            if not missing:
+                break
+            ids = tuple(sorted(missing))
+            try:
+                response = await self._link.request(_ask_events(ids), expect=EventsResponse)
+            except (ConnectionClosed, RequestTimeout):
+                break
+            if not response.events:
+                break
+            more = await self._applier.ingest(response.events)
+            changes.extend(more.changes)
+            missing = (missing | more.missing) - {e.id for e in more.stored}
+            missing -= {e.id for e in response.events}
+        return changes
+
+
+def _ask_events(ids: tuple[EventId, ...]) -> MakeRequest:
+    """Events by id, with up to 256 of their ancestors (filling gaps)."""
+    return lambda rid: GetEventsRequest(rid, ids, 256)
