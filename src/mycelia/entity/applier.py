@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -51,6 +51,7 @@ from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, Ev
 from mycelia.retrieval import (
     CachedGetter,
     EntityStore,
+    EventSource,
     LocalGetter,
     RemoteEvents,
     StagingMap,
@@ -126,6 +127,9 @@ class _Plan:
     changed: set[str]
     snapshot: bool = False
     """A merged or replaced state: written (and reported) even when no event applied."""
+    after: Snapshot | None = None
+    """The entity as this plan left it (taken when the plan joins its run: a later plan of
+    the same run may change the entity further)."""
 
 
 @dataclass(slots=True)
@@ -140,8 +144,8 @@ class _Run:
         """Keep ``plan`` for the write, after ``check`` passed on every applied event."""
         if plan is None:
             return
+        after = plan.after = plan.entity.snapshot()
         if check is not None:
-            after = plan.entity.snapshot()
             for applied in plan.applied:
                 check(plan.before, after, applied)
         self.plans.append(plan)
@@ -228,10 +232,11 @@ class Applier:
         if not (plans or run.meta or run.forget):
             return
         events = tuple(e for plan in plans for e in plan.staged)
+        latest = {p.entity.entity_id: p.entity for p in plans if p.applied or p.snapshot}
         states = tuple(
-            StoredState(p.entity.to_state(), p.entity.snapshot().values)
-            for p in plans
-            if (p.applied or p.snapshot) and p.entity.exists
+            StoredState(entity.to_state(), entity.snapshot().values)
+            for entity in latest.values()
+            if entity.exists
         )
         batch = WriteBatch(events=events, states=states, meta=run.meta, forget=run.forget)
         await self._store.write(batch)
@@ -239,9 +244,9 @@ class Applier:
         for plan in plans:
             # A snapshot that only moves the head, or creates an entity with no values yet,
             # is still a change: live queries and subscribers must hear of it.
-            moved = plan.changed or plan.before.head != plan.entity.head
+            after = plan.after or plan.entity.snapshot()
+            moved = plan.changed or plan.before.head != after.head
             if plan.applied or (plan.snapshot and moved):
-                after = plan.entity.snapshot()
                 events_applied = tuple(plan.applied)
                 result.changes.append(
                     EntityChange(plan.before, after, events_applied, frozenset(plan.changed))
@@ -272,6 +277,39 @@ class Applier:
             batch = self._pending.release(e.id for e in result.stored)
             atomic = False
         result.missing -= {e.id for e in result.stored}
+        return result
+
+    async def commit_many(
+        self, commits: Sequence[Sequence[Event]], *, check: EventCheck | None = None
+    ) -> IngestResult:
+        """Commit several commits from one peer, in this order, in **one** storage write.
+
+        Each commit is admitted, placed and checked on its own, against the entities as the
+        commits before it left them (so a check sees each commit's own before and after),
+        and each must be complete (atomic: no event of it may wait for parents). Raises the
+        first error and writes nothing then (the caller may commit them one by one to learn
+        which one failed). Events that were waiting for these are applied afterwards.
+        """
+        result = IngestResult()
+        entities = {e.entity_id for commit in commits for e in commit}
+        async with self.staging(entities, result) as run:
+            earlier: dict[EventId, AdmittedEvent] = {}
+            for events in commits:
+                wanted = {e.id for e in events} | {p for e in events for p in e.parent}
+                known = dict(await self._store.get_events(wanted - earlier.keys()))
+                known.update((i, earlier[i]) for i in wanted if i in earlier)
+                for entity_id, group in _groups(events).items():
+                    plan = await self._plan(
+                        entity_id, group, known, result, atomic=True, earlier=earlier
+                    )
+                    run.add(plan, check)
+                    if plan is not None:
+                        earlier.update((e.id, e) for e in plan.staged)
+        released = self._pending.release(e.id for e in result.stored)
+        if released:
+            more = await self.ingest(released)
+            result.changes.extend(more.changes)
+            result.stored.extend(more.stored)
         return result
 
     async def _ingest_once(
@@ -305,6 +343,7 @@ class Applier:
         result: IngestResult,
         *,
         atomic: bool,
+        earlier: Mapping[EventId, AdmittedEvent] | None = None,
     ) -> _Plan | None:
         entity = await self.load(entity_id)
         if entity is None:
@@ -319,7 +358,7 @@ class Applier:
             return None
         staged = staging.staged()
         before = entity.snapshot()
-        getter = self._getter(entity_id, staging)
+        getter = self._getter(entity_id, staging, earlier)
         applied, head = await self._place(entity, staged, getter)
         staged = [*staged, *(e for e in _fetched(getter) if e.id not in staging)]
         changed: set[str] = set()
@@ -365,11 +404,18 @@ class Applier:
         applied = list(outcome.subject_only)
         return applied, head_after(entity.head_generations, applied)
 
-    def _getter(self, entity_id: EntityId, staging: StagingMap) -> LocalGetter:
-        """Staging and storage, then (on an ephemeral node with a peer) the peer."""
+    def _getter(
+        self,
+        entity_id: EntityId,
+        staging: StagingMap,
+        earlier: Mapping[EventId, AdmittedEvent] | None = None,
+    ) -> LocalGetter:
+        """Staging and storage (with events staged earlier in this run, not stored yet),
+        then (on an ephemeral node with a peer) the peer."""
+        store: EventSource = self._store if not earlier else _Overlay(earlier, self._store)
         if self._remote is None:
-            return LocalGetter(staging, self._store, definitive=self._durable)
-        return CachedGetter(staging, self._store, self._remote, entity_id=entity_id)
+            return LocalGetter(staging, store, definitive=self._durable)
+        return CachedGetter(staging, store, self._remote, entity_id=entity_id)
 
     # -- a local transaction ---------------------------------------------------------------
 
@@ -541,6 +587,25 @@ class Applier:
                 changed = _differing(before, entity)
                 run.add(_Plan(entity, before, mine, mine, changed, snapshot=True))
         return result
+
+
+class _Overlay:
+    """Events staged earlier in a run, over storage (which does not hold them yet)."""
+
+    __slots__ = ("_earlier", "_store")
+
+    def __init__(self, earlier: Mapping[EventId, AdmittedEvent], store: EventSource) -> None:
+        self._earlier = earlier
+        self._store = store
+
+    async def get_events(
+        self, ids: Collection[EventId], *, ahead: int = 0
+    ) -> Mapping[EventId, AdmittedEvent]:
+        found = {i: self._earlier[i] for i in ids if i in self._earlier}
+        rest = [i for i in ids if i not in found]
+        if rest:
+            found.update(await self._store.get_events(rest, ahead=ahead))
+        return found
 
 
 def _groups(events: Iterable[Event]) -> dict[EntityId, list[Event]]:

@@ -482,20 +482,26 @@ class CommitPipeline:
             self._wake.set()
 
     def _doomed(self, refused: dict[int, MyceliaError]) -> dict[int, MyceliaError]:
-        """The refused commits and every owed commit built on one, with their errors."""
-        doomed = dict(refused)
-        origin = {seq: seq for seq in refused}
-        cause = {e.id: seq for seq in refused for e in self._owed[seq].owed.events}
+        """The refused commits and every owed commit built on one, with their errors.
+
+        A commit built on a refused one gets CommitReverted (caused by the refusal it
+        descends from), even when the peer refused it too: its parent was unknown there.
+        """
+        doomed: dict[int, MyceliaError] = {}
+        origin: dict[int, int] = {}
+        cause: dict[EventId, int] = {}
         for seq, pending in self._owed.items():  # in commit order: parents come first
-            if seq in doomed:
-                continue
             hit = next(
                 (cause[p] for e in pending.owed.events for p in e.parent if p in cause), None
             )
-            if hit is None:
+            if hit is not None:
+                first = origin[seq] = origin[hit]
+                doomed[seq] = _reverted(seq, first, doomed[first])
+            elif seq in refused:
+                origin[seq] = seq
+                doomed[seq] = refused[seq]
+            else:
                 continue
-            first = origin[seq] = origin[hit]
-            doomed[seq] = _reverted(seq, first, refused[first])
             cause.update((e.id, seq) for e in pending.owed.events)
         return doomed
 

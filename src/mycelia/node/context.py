@@ -69,8 +69,12 @@ class Context:
             or snapshot.deleted
             or not parts.policy.can_read(self.credentials, snapshot)
         ):
-            where = "" if parts.reads.connected() else " (no durable peer is connected to ask)"
-            raise EntityNotFound(f"no {model.__name__} with id {entity_id} here{where}")
+            where = (
+                "here or on the durable peer"
+                if parts.reads.connected()
+                else "here (and no durable peer is connected to ask)"
+            )
+            raise EntityNotFound(f"no {model.__name__} with id {entity_id} {where}")
         return model._view(snapshot)
 
     async def fetch(self, model: type[M], query: str, *args: object) -> list[M]:

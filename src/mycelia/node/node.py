@@ -471,9 +471,10 @@ class Node:
             except Exception:  # a broken listener must not break commits
                 log.exception("a change listener failed")
 
-    async def _commit_remote(self, events: list[Event], check: EventCheck) -> IngestResult:
-        """Commit events a peer sent (all-or-nothing; ``check`` runs before durability)."""
-        result = await self._applier.ingest(events, atomic=True, check=check)
+    async def _commit_remote(self, commits: list[list[Event]], check: EventCheck) -> IngestResult:
+        """Commit a peer's commits in order, in one write (each all-or-nothing, checked
+        before anything is durable)."""
+        result = await self._applier.commit_many(commits, check=check)
         self._notify(result.changes)
         return result
 

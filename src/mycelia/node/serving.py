@@ -6,10 +6,11 @@ commits are checked event by event before anything is durable, and ``_mycelia_``
 collections refuse every client write. A remote commit is all-or-nothing.
 
 Commits: a connection's commits arrive here in order, several at once when the peer
-pipelines them (:meth:`Responder.commit`). They are applied as one atomic batch — one
-storage write, one round of pushes to subscribers — and when that batch is refused they
-are applied one by one, so each gets its own verdict and one refusal takes nothing else
-with it (a later commit built on a refused one is refused too: its parent is unknown).
+pipelines them (:meth:`Responder.commit`). Each is admitted and checked on its own, in
+that order, and together they take one storage write and one round of pushes to
+subscribers; when one is refused they are applied one by one instead, so each gets its own
+verdict and one refusal takes nothing else with it (a later commit built on a refused one
+is refused too: its parent is unknown).
 
 Subscriptions: a peer's standing query lives here with the heads this node believes the
 peer holds. After every local commit the changes go, in order, through one worker per
@@ -81,8 +82,9 @@ class Loader(Protocol):
         ...
 
 
-CommitRemote = Callable[[list[Event], EventCheck], Awaitable[IngestResult]]
-"""Commits a peer's events all-or-nothing, the check first (and tells the listeners)."""
+CommitRemote = Callable[[list[list[Event]], EventCheck], Awaitable[IngestResult]]
+"""Commits a peer's commits, in order, each all-or-nothing and checked first, in one
+write; raises the first refusal, writing nothing (and tells the listeners)."""
 
 
 class Responder:
@@ -182,10 +184,10 @@ class Responder:
         check = self._check(peer.credentials)
         if len(requests) > 1:
             try:
-                events = [e for r in requests for e in r.events]
-                for event in events:
-                    check_not_reserved(event.collection)
-                await self._commit_remote(events, check)
+                for request in requests:
+                    for event in request.events:
+                        check_not_reserved(event.collection)
+                await self._commit_remote([list(r.events) for r in requests], check)
             except MyceliaError:
                 pass  # one of them is refused: find which, one by one
             else:
@@ -196,7 +198,7 @@ class Responder:
         try:
             for event in request.events:
                 check_not_reserved(event.collection)
-            await self._commit_remote(list(request.events), check)
+            await self._commit_remote([list(request.events)], check)
         except MyceliaError as exc:
             return ErrorResponse(request.request_id, type(exc).__name__, str(exc)[:4000])
         return Ack(request.request_id)

@@ -175,9 +175,9 @@ class Transaction:
         where = (
             "here or on the durable peer"
             if self._parts.reads.connected()
-            else "held here, and no durable peer is connected to ask"
+            else "here (this node does not hold it, and no durable peer is connected to ask)"
         )
-        return f"no {model.__name__} with id {entity_id} is {where}"
+        return f"no {model.__name__} with id {entity_id} {where}"
 
     async def delete(self, model: type[M], entity_id: EntityId) -> None:
         """Delete the entity (a tombstone other replicas converge on; it stays deleted).
