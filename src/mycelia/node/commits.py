@@ -77,10 +77,21 @@ TRANSIENT: Final = frozenset(
         "StorageLocked",
         "StorageReadOnly",
         "StorageCorrupt",
+        "EventNotFound",
     }
 )
 """Error kinds that say the peer could not take a commit *now*: not a refusal, so the
-commit stays owed and is pushed again by a later session."""
+commit stays owed and a later session pushes it again. (``EventNotFound``: the peer lacks
+a parent. Either that parent was refused too — this node finds so itself, from the
+commits' parents, and reverts the commit with it — or the peer has not received it yet,
+from another server of a cluster, say.)"""
+
+
+class _Later:
+    """The verdict "not now" (see :data:`TRANSIENT`)."""
+
+
+LATER: Final = _Later()
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,7 +388,8 @@ class CommitPipeline:
                 task.cancel()
             for outcome in await asyncio.gather(*tasks, return_exceptions=True):
                 if isinstance(outcome, Exception):
-                    log.error("the commit pipeline failed", exc_info=outcome)
+                    log.warning("the commit pipeline stopped: %r", outcome)
+            await session.close()  # a pipeline that stopped ends its session: the next restarts
             await self._flush_settled()
             self._over.set()
 
@@ -407,29 +419,33 @@ class CommitPipeline:
         while True:
             pending, future = await flight.oldest()
             try:
-                refusal = await self._answer(future)
+                verdict = await self._answer(future)
                 flight.pop()
-                if refusal is None:
+                if verdict is None:
                     self._confirmed(pending)
+                elif isinstance(verdict, _Later):
+                    raise _SessionOver(
+                        f"the durable peer could not take commit {pending.owed.seq} now"
+                    )
                 else:
-                    await self._revert(session, flight, {pending.owed.seq: refusal})
+                    await self._revert(session, flight, {pending.owed.seq: verdict})
             except _SessionOver as exc:
                 log.info("pushing commits stopped (%s): the next session pushes them again", exc)
                 await session.close()
                 return
 
-    async def _answer(self, future: asyncio.Future[Message]) -> MyceliaError | None:
-        """The peer's verdict on one commit: None (confirmed) or its refusal.
+    async def _answer(self, future: asyncio.Future[Message]) -> MyceliaError | _Later | None:
+        """The peer's verdict on one commit: None (confirmed), its refusal, or LATER.
 
-        Raises _SessionOver when there will be no verdict in this session (closed, stuck,
-        or the peer could not take the commit now).
+        Raises _SessionOver when there will be no verdict in this session (closed, stuck).
         """
         try:
             async with asyncio.timeout(self._timeout):
                 await future
         except RemoteError as exc:
             if exc.kind in TRANSIENT:
-                raise _SessionOver(f"the durable peer could not take it now: {exc}") from exc
+                log.info("the durable peer could not take a commit now: %s", exc)
+                return LATER
             return _local_error(exc)
         except (ConnectionClosed, TimeoutError) as exc:
             raise _SessionOver(str(exc) or "no answer in time") from exc
@@ -461,15 +477,18 @@ class CommitPipeline:
         self, session: Session, flight: _Flight, refused: dict[int, MyceliaError]
     ) -> None:
         self._paused = True
+        later: list[int] = []
         try:
             async with self._gate.exclusive():
                 while flight:  # every commit in flight is answered before anything moves
                     pending, future = flight.pop()
-                    refusal = await self._answer(future)
-                    if refusal is None:
+                    verdict = await self._answer(future)
+                    if verdict is None:
                         self._confirmed(pending)
+                    elif isinstance(verdict, _Later):
+                        later.append(pending.owed.seq)
                     else:
-                        refused[pending.owed.seq] = refusal
+                        refused[pending.owed.seq] = verdict
                 doomed = self._doomed(refused)
                 try:
                     await self._reset(session, doomed)
@@ -480,6 +499,8 @@ class CommitPipeline:
         finally:
             self._paused = False
             self._wake.set()
+        if any(seq not in doomed for seq in later):
+            raise _SessionOver("the durable peer could not take some commits now")
 
     def _doomed(self, refused: dict[int, MyceliaError]) -> dict[int, MyceliaError]:
         """The refused commits and every owed commit built on one, with their errors.

@@ -101,7 +101,7 @@ class Node:
         self._key = key
         self._rng = rng
         self._listeners: list[ChangeListener] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: cancelled in start order
         self._closed = False
         self._query_ids = itertools.count(1)
         self._residents = Residents()
@@ -146,7 +146,7 @@ class Node:
             commits=self._pipeline,
         )
         self._gate = Gatekeeper(policy, lambda: self._root)
-        self._me = Identity(key, durable, limits, lambda: self._root)
+        self._me = Identity(key, durable, limits, lambda: self._root, self._entropy)
         self._connection: Connection | None = None
         text_ids = ClientIds(rng)
         commits = self._pipeline or LocalCommits(self._applier, notify=self._notify)
@@ -481,11 +481,11 @@ class Node:
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         """Run ``coro`` as a task the node keeps (errors are logged, not lost)."""
         task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
+        self._tasks[task] = None
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("a node task failed", exc_info=task.exception())
 

@@ -39,6 +39,7 @@ from mycelia.node.transport import Transport
 from mycelia.proto import EntityId, Limits, NodeId
 from mycelia.proto.messages import Message, encode_frame
 from mycelia.proto.peering import (
+    CHALLENGE_LENGTH,
     CommitRequest,
     ErrorResponse,
     FetchRequest,
@@ -83,6 +84,8 @@ class Identity:
     durable: bool
     limits: Limits
     system_root: Callable[[], EntityId | None]
+    entropy: Callable[[int], bytes]
+    """The node's entropy (handshake challenges)."""
 
 
 class PeerConnection:
@@ -113,6 +116,7 @@ class PeerConnection:
             system_root=me.system_root(),
             limits=me.limits,
             token=token,
+            challenge=me.entropy(CHALLENGE_LENGTH),
         )
         self._on_update = on_update
         self.request_timeout = request_timeout
@@ -122,7 +126,7 @@ class PeerConnection:
         self._slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
         self._commits: list[CommitRequest] = []
         self._commits_waiting = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: cancelled in start order
         self._answering: set[asyncio.Task[None]] = set()
         self._draining = False
         self._overflowed = False
@@ -251,9 +255,11 @@ class PeerConnection:
 
     def spawn(self, coro: Coroutine[object, object, None]) -> None:
         """Run ``coro`` as a task owned by this connection (cancelled when it closes)."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._own(asyncio.ensure_future(coro))
+
+    def _own(self, task: asyncio.Task[None]) -> None:
+        self._tasks[task] = None
+        task.add_done_callback(lambda done: self._tasks.pop(done, None))
 
     # -- internals -----------------------------------------------------------------------
 
@@ -339,9 +345,8 @@ class PeerConnection:
                 self._commits_waiting.set()
                 return True
             task = asyncio.ensure_future(self._answer(msg))
-            self._tasks.add(task)
+            self._own(task)
             self._answering.add(task)
-            task.add_done_callback(self._tasks.discard)
             task.add_done_callback(self._answering.discard)
             return True
         rid = getattr(msg, "request_id", None)

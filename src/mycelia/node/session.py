@@ -108,6 +108,7 @@ class PeerSession:
         limits: Limits,
         token: bytes | None = None,
         version: int = PROTOCOL_VERSION,
+        challenge: bytes | None = None,
     ) -> None:
         self._key = key
         self._durable = durable
@@ -115,7 +116,11 @@ class PeerSession:
         self._limits = limits
         self._token = token
         self._version = version
-        self._challenge = secrets.token_bytes(CHALLENGE_LENGTH)
+        # The node's entropy supplies it (deterministic in a simulation); a fresh random one
+        # otherwise. It must never repeat across connections.
+        self._challenge = challenge or secrets.token_bytes(CHALLENGE_LENGTH)
+        if len(self._challenge) != CHALLENGE_LENGTH:
+            raise ValueError(f"a challenge is {CHALLENGE_LENGTH} bytes")
         self._outbox: list[bytes] = []
         self.state = SessionState.AWAIT_PRESENCE
         self.peer: Presence | None = None

@@ -168,7 +168,7 @@ class Upstream:
         self._has_system = has_system
         self._commits = commits
         self._following: dict[int, Standing] = {}
-        self._serving: set[asyncio.Task[None]] = set()
+        self._serving: dict[asyncio.Task[None], None] = {}
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -182,8 +182,8 @@ class Upstream:
             await self._join_system(response.events)
         if self._commits is not None:
             task = asyncio.ensure_future(self._commits.serve(session))
-            self._serving.add(task)
-            task.add_done_callback(self._serving.discard)
+            self._serving[task] = None
+            task.add_done_callback(lambda done: self._serving.pop(done, None))
             await self._commits.wait_pushed(session)
         for live in list(self._following.values()):
             await self._subscribe(session, live)
@@ -194,8 +194,19 @@ class Upstream:
             await asyncio.gather(*self._serving, return_exceptions=True)
 
     async def on_update(self, update: SubscriptionUpdate) -> None:
-        """Apply an update the durable peer pushed for one of our subscriptions."""
-        await self.apply_deltas(update.deltas)
+        """Apply an update the durable peer pushed for one of our subscriptions.
+
+        If it cannot be applied (a storage write failed, say), the session is closed: the
+        next one re-subscribes with the heads really held here and catches up, where
+        carrying on would leave the peer believing this node holds what it does not.
+        """
+        try:
+            await self.apply_deltas(update.deltas)
+        except MyceliaError as exc:
+            log.warning("could not apply an update from the durable peer (%s): reconnecting", exc)
+            session = self._link.session
+            if session is not None:
+                await session.close()
 
     # -- read-through --------------------------------------------------------------------
 
