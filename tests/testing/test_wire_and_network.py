@@ -15,12 +15,11 @@ from mycelia.testing import Faults, FaultyStorage
 from mycelia.testing.network import INTRUDER, Network, VirtualClock
 from mycelia.testing.strategies import clocks, entity_ids, event_ids, events
 from mycelia.testing.trace import Trace
-from mycelia.testing.wire import Ack, Digest, Push, Want, decode, encode
+from mycelia.testing.wire import Digest, Push, Want, decode, encode
 
 messages = st.one_of(
     st.lists(events(), max_size=4).map(lambda e: Push(tuple(e))),
     st.lists(event_ids(), max_size=4).map(lambda i: Want(tuple(sorted(i)))),
-    st.lists(event_ids(), max_size=4).map(lambda i: Ack(tuple(sorted(i)))),
     st.builds(
         Digest,
         st.lists(st.tuples(entity_ids(), clocks(min_size=1, max_size=3)), max_size=3).map(tuple),
@@ -30,13 +29,13 @@ messages = st.one_of(
 
 
 @given(msg=messages)
-def test_every_message_round_trips_through_its_bytes(msg: Push | Want | Ack | Digest) -> None:
+def test_every_message_round_trips_through_its_bytes(msg: Push | Want | Digest) -> None:
     assert decode(encode(msg)) == msg
 
 
 @given(msg=messages, data=st.data())
 def test_a_truncated_message_is_always_refused(
-    msg: Push | Want | Ack | Digest, data: st.DataObject
+    msg: Push | Want | Digest, data: st.DataObject
 ) -> None:
     raw = encode(msg)
     cut = data.draw(st.integers(0, len(raw) - 1))

@@ -24,8 +24,10 @@ Four ways in, one staging discipline (:meth:`Applier.staging`):
 Staging: a run takes the entity locks in sorted order (no deadlock between runs), plans
 in memory, runs the caller's check (policy) on every changed entity before anything is
 durable, and on normal exit makes events, states and meta records durable in **one**
-storage write. On any error every entity the run touched is evicted from memory, so
-memory never runs ahead of storage, and nothing is persisted.
+storage write, then tells the node (``on_change``) what changed — still holding the
+locks, so listeners hear of one entity's changes in the order they were committed,
+whatever else runs concurrently. On any error every entity the run touched is evicted
+from memory, so memory never runs ahead of storage, and nothing is persisted.
 
 ``atomic=True`` (a remote commit) makes an :meth:`ingest` batch succeed or fail together;
 otherwise a bad entity is reported in :attr:`IngestResult.errors` and the others proceed.
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 
 from mycelia.entity.admission import admit, admit_fresh
 from mycelia.entity.entity import Entity, Snapshot
+from mycelia.entity.heads import drop_known_ancestors
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.residents import Residents
 from mycelia.entity.verdicts import Action, action_for, head_after, rejection
@@ -162,6 +165,7 @@ class Applier:
         durable: bool,
         system_root: Callable[[], EntityId | None],
         remote: RemoteEvents | None = None,
+        on_change: Callable[[list[EntityChange]], None] | None = None,
         pending: PendingPool | None = None,
         budget: int = DEFAULT_BUDGET,
     ) -> None:
@@ -171,6 +175,8 @@ class Applier:
         self._system_root = system_root
         self._remote = remote
         """An ephemeral node's durable peer, asked for history it does not hold."""
+        self._on_change = on_change or _ignore
+        """Told of every write's changes, right after it (under the entities' locks)."""
         self._pending = pending if pending is not None else PendingPool()
         self._budget = budget
         self._locks: dict[EntityId, asyncio.Lock] = {}
@@ -241,6 +247,7 @@ class Applier:
         batch = WriteBatch(events=events, states=states, meta=run.meta, forget=run.forget)
         await self._store.write(batch)
         result.stored.extend(events)
+        changes: list[EntityChange] = []
         for plan in plans:
             # A snapshot that only moves the head, or creates an entity with no values yet,
             # is still a change: live queries and subscribers must hear of it.
@@ -248,9 +255,12 @@ class Applier:
             moved = plan.changed or plan.before.head != after.head
             if plan.applied or (plan.snapshot and moved):
                 events_applied = tuple(plan.applied)
-                result.changes.append(
+                changes.append(
                     EntityChange(plan.before, after, events_applied, frozenset(plan.changed))
                 )
+        result.changes.extend(changes)
+        if changes:
+            self._on_change(changes)
 
     # -- events from anywhere ------------------------------------------------------------
 
@@ -381,10 +391,18 @@ class Applier:
                 )
             parents = {p for e in staged for p in e.parent}
             return staged, {e.id: e.generation for e in staged if e.id not in parents}
-        if len(staged) == 1 and all(p in entity.head for p in staged[0].parent):
+        if (
+            self._durable
+            and len(staged) == 1
+            and staged[0].parent
+            and all(p in entity.head for p in staged[0].parent)
+        ):
             # One new event made on tips of this head (on exactly the head: the linear
             # case; on some tips: a writer that missed concurrent work). The head lacks
             # just it, and the tips it names are now its ancestors: no walk is needed.
+            # Only where storage is definitive: a node holding snapshots may lack events
+            # of its own history (a snapshot's head, the genesis), which arrive later to
+            # fill it in and must not be taken for new work.
             return staged, head_after(entity.head_generations, staged)
         # A subject-side walk: the events the head lacks, without walking the head's own
         # branches (admission already keeps foreign lineage out: parents are this entity's).
@@ -539,7 +557,7 @@ class Applier:
             log.info(
                 "merging a snapshot of %s without its history: keeping both heads", entity.entity_id
             )
-            return hints
+            return await drop_known_ancestors(hints, self._store, budget=self._budget)
         action = action_for(outcome.relation)
         if action is Action.NOTHING:
             return None
@@ -606,6 +624,10 @@ class _Overlay:
         if rest:
             found.update(await self._store.get_events(rest, ahead=ahead))
         return found
+
+
+def _ignore(changes: list[EntityChange]) -> None:
+    """The default listener: nobody to tell."""
 
 
 def _groups(events: Iterable[Event]) -> dict[EntityId, list[Event]]:

@@ -131,6 +131,7 @@ class Comparison:
     """
 
     __slots__ = (
+        "_blind",
         "_budget",
         "_fetched",
         "_flags",
@@ -171,6 +172,8 @@ class Comparison:
         self._pending: set[EventId] = set()
         self._popped: set[EventId] = set()
         self._missing: set[EventId] = set()
+        self._blind: set[EventId] = set()
+        """Unavailable ids with no hinted generation (walked last, at generation 0)."""
         self._nonstale = 0
         self._subject_open = 0  # queued ids reached from the subject only
         self._subject_side = False  # stop once no subject-only id is left (missing())
@@ -327,13 +330,16 @@ class Comparison:
         else:
             generation = 0
             self._missing.add(eid)
+            self._blind.add(eid)
         heappush(self._heap, (-generation, eid))
 
     def _advance(self) -> None:
         """Walk as far as the known events allow; then ask, stop, or conclude."""
         heap, pending, nodes = self._heap, self._pending, self._nodes
         while True:
-            if self._nonstale == 0 or (self._subject_side and self._subject_open == 0):
+            if self._nonstale == 0 or (
+                self._subject_side and self._subject_open == 0 and not self._blind_other()
+            ):
                 self._conclude()
                 return
             if pending:
@@ -421,6 +427,14 @@ class Comparison:
                 self._subject_open += 1
             elif old == _S:
                 self._subject_open -= 1
+
+    def _blind_other(self) -> bool:
+        """Whether an unavailable id of unknown generation, reached from the other clock
+        only, is still queued: walked at generation 0, it could be above subject events
+        already classified (it may link them to the other clock), so a subject-side walk
+        may not stop early while one is (the full walk then names it in EventNotFound)."""
+        flags, popped = self._flags, self._popped
+        return any(i not in popped and flags.get(i) == _O for i in self._blind)
 
     def _conclude(self) -> None:
         if self._subject_side:

@@ -45,7 +45,7 @@ from mycelia.errors import (
     RequestTimeout,
 )
 from mycelia.node.outbox import Outbox, Owed
-from mycelia.node.ports import ChangeListener, Commit, MakeRequest, Session
+from mycelia.node.ports import Commit, MakeRequest, Session
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, Event, EventId, Limits
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
@@ -127,9 +127,8 @@ DONE: Final = _Done()
 class LocalCommits:
     """A durable node's commits: done once written here."""
 
-    def __init__(self, applier: Applier, *, notify: ChangeListener) -> None:
+    def __init__(self, applier: Applier) -> None:
         self._applier = applier
-        self._notify = notify
 
     def base(self, entity: Entity) -> ForkBase:
         """What a fork of ``entity`` taken now starts from."""
@@ -139,8 +138,7 @@ class LocalCommits:
         self, events: Sequence[Event], *, bases: Mapping[EntityId, ForkBase], check: EventCheck
     ) -> Commit:
         """Commit here (durable once this returns)."""
-        result = await self._applier.commit_local(events, bases=bases, check=check)
-        self._notify(result.changes)
+        await self._applier.commit_local(events, bases=bases, check=check)
         return DONE
 
 
@@ -182,12 +180,13 @@ class _Pending:
 
 async def _either(first: Awaitable[object], second: Awaitable[object]) -> None:
     """Wait until one of two awaitables is done (the other is cancelled)."""
-    tasks: set[asyncio.Future[Any]] = {asyncio.ensure_future(first), asyncio.ensure_future(second)}
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
@@ -267,7 +266,6 @@ class CommitPipeline:
         outbox: Outbox,
         storage: StorageEngine,
         *,
-        notify: ChangeListener,
         limits: Limits,
         ready: Callable[[], bool],
         request_timeout: float = 30.0,
@@ -275,7 +273,6 @@ class CommitPipeline:
         self._applier = applier
         self._outbox = outbox
         self._storage = storage
-        self._notify = notify
         self._limits = limits
         self.ready = ready
         """Whether the durable peer is connected and ready (the upstream says)."""
@@ -320,10 +317,7 @@ class CommitPipeline:
             return (owed.record(),)
 
         async with self._gate.shared():
-            result = await self._applier.commit_local(
-                events, bases=bases, check=check, record=record
-            )
-        self._notify(result.changes)
+            await self._applier.commit_local(events, bases=bases, check=check, record=record)
         if owed is None or not owed.events:
             return DONE
         pending = self._owed[owed.seq] = _Pending(owed, self)
@@ -534,8 +528,7 @@ class CommitPipeline:
         states = await self._fetch_states(session, entities)
         replay = await self._not_held(session, kept, {e for e, s in states.items() if s})
         settled = Outbox.settled(p.owed for p in gone)
-        result = await self._applier.reset(states, replay=replay, meta=settled)
-        self._notify(result.changes)
+        await self._applier.reset(states, replay=replay, meta=settled)
         for pending in gone:
             error = doomed[pending.owed.seq]
             self._owed.pop(pending.owed.seq, None)

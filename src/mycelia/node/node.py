@@ -112,6 +112,7 @@ class Node:
             durable=durable,
             system_root=lambda: self._root,
             remote=None if durable else self._link.get_events,
+            on_change=self._notify,
             pending=PendingPool(),
         )
         self._reactor = Reactor()
@@ -129,7 +130,6 @@ class Node:
                 self._applier,
                 Outbox(storage),
                 storage,
-                notify=self._notify,
                 limits=limits,
                 ready=lambda: self._link.ready,
             )
@@ -139,7 +139,6 @@ class Node:
             self._applier,
             storage,
             durable=durable,
-            notify=self._notify,
             tracked=self._reactor.tracked,
             join_system=self.join_system,
             has_system=lambda: self._root is not None,
@@ -149,7 +148,7 @@ class Node:
         self._me = Identity(key, durable, limits, lambda: self._root, self._entropy)
         self._connection: Connection | None = None
         text_ids = ClientIds(rng)
-        commits = self._pipeline or LocalCommits(self._applier, notify=self._notify)
+        commits = self._pipeline or LocalCommits(self._applier)
         self._parts = ContextParts(
             TransactionParts(
                 reads=self._upstream,
@@ -352,7 +351,6 @@ class Node:
         if len(batch) > self._limits.max_batch_events * 100:
             raise InvalidArgument("ingest at most 100 batches' worth of events at a time")
         result = await self._applier.ingest(batch)
-        self._notify(result.changes)
         result.raise_first()
         return result
 
@@ -360,9 +358,7 @@ class Node:
         """Merge entity states from elsewhere (a durable peer's snapshots): every backend is
         a state CRDT, so any order converges. Raises DecodeError or InvalidEvent for a
         state that does not fit (nothing is written then)."""
-        result = await self._applier.ingest_states(list(states))
-        self._notify(result.changes)
-        return result
+        return await self._applier.ingest_states(list(states))
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until this node's durable peer connection is ready (no-op without one)."""
@@ -460,7 +456,8 @@ class Node:
         return secrets.token_bytes(size) if self._rng is None else self._rng.randbytes(size)
 
     def _notify(self, changes: list[EntityChange]) -> None:
-        """Tell the live queries, the served subscriptions and every listener."""
+        """Tell the live queries, the served subscriptions and every listener (the
+        applier calls this after each write, in commit order)."""
         if not changes:
             return
         self._reactor.on_change(changes)
@@ -474,9 +471,7 @@ class Node:
     async def _commit_remote(self, commits: list[list[Event]], check: EventCheck) -> IngestResult:
         """Commit a peer's commits in order, in one write (each all-or-nothing, checked
         before anything is durable)."""
-        result = await self._applier.commit_many(commits, check=check)
-        self._notify(result.changes)
-        return result
+        return await self._applier.commit_many(commits, check=check)
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         """Run ``coro`` as a task the node keeps (errors are logged, not lost)."""

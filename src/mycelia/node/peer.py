@@ -204,10 +204,12 @@ class PeerConnection:
         """
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         if not self.ready:
+            future.add_done_callback(_seen)
             future.set_exception(ConnectionClosed("the connection is not ready"))
             return future
         rid = self.session.next_request_id()
         self._pending[rid] = future
+        future.add_done_callback(_seen)
         future.add_done_callback(lambda _: self._pending.pop(rid, None))
         self._enqueue(encode_frame(make(rid)))
         return future
@@ -419,3 +421,9 @@ class PeerConnection:
         self._answers.forget(self)
         if self.peer is not None and self._ready.is_set():
             log.info("peer %s disconnected (%s)", self.peer.node_id, self.error or "closed")
+
+
+def _seen(future: asyncio.Future[Message]) -> None:
+    """Mark a response's error as seen: its requester may have stopped waiting for it."""
+    if not future.cancelled():
+        future.exception()

@@ -34,7 +34,7 @@ from mycelia.entity import Applier, Entity, EntityChange, IngestResult
 from mycelia.errors import ConnectionClosed, MyceliaError, ProtocolError, RequestTimeout
 from mycelia.node.commits import CommitPipeline
 from mycelia.node.deltas import query_rows
-from mycelia.node.ports import ChangeListener, MakeRequest, Session, Standing
+from mycelia.node.ports import MakeRequest, Session, Standing
 from mycelia.proto import AdmittedEvent, Clock, EntityId, Event, EventId
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
@@ -152,7 +152,6 @@ class Upstream:
         storage: StorageEngine,
         *,
         durable: bool,
-        notify: ChangeListener,
         tracked: Callable[[EntityId], bool],
         join_system: Callable[[Sequence[Event]], Awaitable[None]],
         has_system: Callable[[], bool],
@@ -162,7 +161,6 @@ class Upstream:
         self._applier = applier
         self._storage = storage
         self._durable = durable
-        self._notify = notify
         self._tracked = tracked
         self._join_system = join_system
         self._has_system = has_system
@@ -310,7 +308,6 @@ class Upstream:
                 )
             changes.extend(result.changes)
             changes.extend(await self._fill_gaps(result))
-        self._notify(changes)
         return changes
 
     async def _fill_gaps(self, result: IngestResult) -> list[EntityChange]:

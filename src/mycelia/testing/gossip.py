@@ -1,24 +1,17 @@
-"""How simulated nodes replicate: push after commit, want what is missing, digests repair.
+"""How simulated durable nodes replicate: push after commit, want what is missing, digests.
 
-The :class:`Replicator` sends and handles :mod:`mycelia.testing.wire` messages for the
-simulator's nodes:
+The :class:`Replicator` sends and handles :mod:`mycelia.testing.wire` messages between the
+simulator's **durable** nodes (ephemeral ones are clients: they use the real peering
+protocol, see :mod:`mycelia.testing.links`):
 
-- after a local commit a node **pushes** the new events to its peers (durable nodes peer
-  with everyone, ephemeral nodes with the durable ones, as clients talk to servers);
+- after a local commit a node **pushes** the new events to its durable peers;
 - a node that receives events whose parents it lacks holds them (the applier's pending
   pool) and sends the sender a **want** for the missing ids; the sender answers with them
   and their ancestors (storage read-ahead);
 - a **digest** ("my head of every entity I hold") is answered with every event the sender
   lacks, computed from the receiver's DAG; a digest that shows the sender holds what the
   receiver lacks is answered with a digest the other way. Gossip sends digests
-  periodically, so any loss is eventually repaired. With ``snapshots``, a durable node
-  answers an ephemeral one as a server answers a client: a **snapshot** of each entity the
-  client does not hold, or whose head differs with no events to bridge it;
-- a durable node **acks** what an ephemeral node pushed; the ephemeral node settles its
-  outbox (ARCHITECTURE.md §7) and re-pushes what is still owed at each gossip round;
-- an ephemeral node **fetches** history it does not hold (below a snapshot's head) while
-  placing events, from a durable peer that is up and reachable (:meth:`Replicator.fetcher`,
-  the node's ``Applier.remote``): a request-response, answered at once.
+  periodically, so any loss is eventually repaired.
 
 Refusals a fault explains (a truncated message's DecodeError, an injected storage failure,
 a foreign system's events) are counted; any other error from a node on valid traffic is an
@@ -30,16 +23,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from mycelia.errors import DecodeError, EventNotFound, ForeignSystem, MyceliaError
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
-from mycelia.retrieval import RemoteEvents
+from mycelia.errors import DecodeError, ForeignSystem, MyceliaError
+from mycelia.proto import AdmittedEvent, Clock, EntityId, Event, EventId
 from mycelia.testing.dags import ancestry
 from mycelia.testing.faults import InjectedFailure
 from mycelia.testing.invariants import UnexpectedError
 from mycelia.testing.network import INTRUDER, Envelope, Network
 from mycelia.testing.simnode import SimNode
 from mycelia.testing.trace import Trace
-from mycelia.testing.wire import Ack, Digest, Push, SimMessage, Snapshot, Want, decode, encode
+from mycelia.testing.wire import Digest, Push, SimMessage, Want, decode, encode
 
 __all__ = ["PUSH_CHUNK", "Replicator"]
 
@@ -52,12 +44,8 @@ WANT_AHEAD: Final = 64
 class Replicator:
     """Sends and handles replication messages for a simulation's nodes."""
 
-    def __init__(
-        self, nodes: Sequence[SimNode], network: Network, trace: Trace, *, snapshots: bool = False
-    ) -> None:
+    def __init__(self, nodes: Sequence[SimNode], network: Network, trace: Trace) -> None:
         self.nodes = nodes
-        self.snapshots = snapshots
-        """Whether durable nodes catch ephemeral ones up with state snapshots."""
         self.network = network
         self.trace = trace
         self.counts: dict[str, int] = {}
@@ -110,12 +98,8 @@ class Replicator:
             await self._on_push(sn, env.src, msg.events)
         elif isinstance(msg, Want):
             await self._on_want(sn, env.src, msg.ids)
-        elif isinstance(msg, Digest):
-            await self._on_digest(sn, env.src, msg)
-        elif isinstance(msg, Snapshot):
-            await self._on_snapshot(sn, msg.states)
         else:
-            await self._on_ack(sn, msg.ids)
+            await self._on_digest(sn, env.src, msg)
 
     async def _on_push(self, sn: SimNode, src: int, events: Sequence[Event]) -> None:
         assert sn.node is not None
@@ -132,14 +116,6 @@ class Replicator:
             self.count("writes failed")
             self.trace.record("failed", self.network.clock.now, sn.index, "write")
             return
-        except EventNotFound as exc:
-            if sn.durable or await self._history_reachable(sn, exc.event_id):
-                raise UnexpectedError(f"refused events from {src}: {exc!r}", node=sn.name) from exc
-            # An ephemeral node cannot place events below a snapshot while no durable peer
-            # holding that history is reachable: a transient refusal, gossip re-sends them.
-            self.count("history unavailable")
-            self.trace.record("refused", self.network.clock.now, sn.index, "EventNotFound")
-            return
         except MyceliaError as exc:
             raise UnexpectedError(f"refused events from {src}: {exc!r}", node=sn.name) from exc
         self.stored += len(result.stored)
@@ -150,9 +126,6 @@ class Replicator:
             return
         if result.missing:
             self.send(sn.index, src, Want(tuple(sorted(result.missing))))
-        if sn.durable and not self.nodes[src].durable:
-            stored = [e.id for e in events if await sn.storage.event_stored(e.id)]
-            self.send(sn.index, src, Ack(tuple(sorted(stored))))
 
     async def _on_want(self, sn: SimNode, src: int, ids: Sequence[EventId]) -> None:
         found = await sn.storage.get_events(ids, ahead=WANT_AHEAD)
@@ -164,25 +137,15 @@ class Replicator:
         theirs = dict(digest.heads)
         mine = await sn.storage.get_states(sorted(sn.known))
         lacking: list[AdmittedEvent] = []
-        states: list[EntityState] = []
         they_have_more = any(e not in mine for e in theirs)
-        snapshot = self.snapshots and sn.durable and not self.nodes[src].durable
         for entity_id in sorted(mine):
             head = mine[entity_id].state.head
             their_head = theirs.get(entity_id)
             if their_head == head:
                 continue
-            if snapshot and their_head is None:
-                states.append(mine[entity_id])  # the state, not the history (§7)
-                continue
             missing, unknown = await self._lacking(sn, entity_id, their_head)
-            if snapshot and not missing and not unknown:
-                # Different heads, no bridge to send: as a server, answer with the state.
-                states.append(mine[entity_id])
             lacking.extend(missing)
             they_have_more = they_have_more or unknown
-        for i in range(0, len(states), PUSH_CHUNK):
-            self.send(sn.index, src, Snapshot(tuple(states[i : i + PUSH_CHUNK])))
         if lacking:
             self.push(sn.index, src, lacking)
         if they_have_more and digest.reply:
@@ -200,68 +163,3 @@ class Replicator:
         known = [i for i in their_head if i in parents]
         covered = ancestry(parents, known)
         return [e for e in events if e.id not in covered], len(known) < len(their_head)
-
-    async def _on_snapshot(self, sn: SimNode, states: Sequence[EntityState]) -> None:
-        """Merge states, as a client applies a server's snapshots (``apply_deltas``)."""
-        assert sn.node is not None
-        try:
-            result = await sn.node.applier.ingest_states(states)
-        except InjectedFailure:
-            self.count("writes failed")
-            self.trace.record("failed", self.network.clock.now, sn.index, "snapshot")
-            return
-        except MyceliaError as exc:
-            raise UnexpectedError(f"refused a snapshot: {exc!r}", node=sn.name) from exc
-        self.count("snapshots merged", len(states))
-        sn.node.notify(result.changes)
-
-    async def _on_ack(self, sn: SimNode, ids: Sequence[EventId]) -> None:
-        if sn.durable or sn.node is None:
-            return
-        try:
-            await sn.node.outbox.settle(ids)
-        except InjectedFailure:
-            self.count("writes failed")
-            self.trace.record("failed", self.network.clock.now, sn.index, "settle")
-
-    async def _history_reachable(self, sn: SimNode, event_id: object) -> bool:
-        """Whether a durable peer that is up and reachable stores ``event_id``."""
-        for index in sn.peers:
-            peer = self.nodes[index]
-            if peer.node is None or not peer.durable or self.network.cut(sn.index, index):
-                continue
-            if isinstance(event_id, EventId) and await peer.storage.event_stored(event_id):
-                return True
-        return False
-
-    def fetcher(self, sn: SimNode) -> RemoteEvents:
-        """How an ephemeral node asks its durable peers for history it does not hold
-        (``Applier.remote``, ARCHITECTURE.md §4): a request answered at once by the durable
-        peers that are up and not cut off (nothing when none is), every event re-decoded
-        from its bytes."""
-
-        async def fetch(ids: Sequence[EventId], ahead: int) -> list[AdmittedEvent]:
-            found: dict[EventId, AdmittedEvent] = {}
-            for index in sn.peers:
-                peer = self.nodes[index]
-                wanted = [i for i in ids if i not in found]
-                if not wanted:
-                    break
-                if peer.node is None or not peer.durable or self.network.cut(sn.index, index):
-                    continue
-                found.update(await peer.storage.get_events(wanted, ahead=ahead))
-            events = sorted(found.values(), key=lambda e: (e.generation, e.id))
-            self.count("history fetched", len(events))
-            now = self.network.clock.now
-            self.trace.record("fetch", now, sn.index, [bytes(e.id) for e in events])
-            return [AdmittedEvent(Event.from_bytes(e.to_bytes()), e.generation) for e in events]
-
-        return fetch
-
-    async def repush_owed(self, sn: SimNode, dst: int) -> None:
-        """An ephemeral node pushes what its outbox still owes to a durable peer."""
-        if sn.node is None or sn.durable:
-            return
-        owed = await sn.node.outbox.pending()
-        if owed:
-            self.push(sn.index, dst, owed)

@@ -235,7 +235,17 @@ def _fingerprint(state: EntityState) -> tuple[object, ...]:
 
 
 def _check_complete(replicas: list[_Replica], entity_id: EntityId) -> None:
-    """Every replica holds the same state; every durable one the same events."""
+    """Every replica holds the same state; every durable one the same events. (A cache — an
+    ephemeral replica — may lack a deleted entity, or hold it at an older head: an entity
+    leaves every live query once it is deleted, and deletion is sticky, so no read path
+    can tell the difference and no subscription sends it further changes.)"""
+    durable = [r for r in replicas if r.durable and r.state is not None]
+    if durable and all(r.state is not None and _deleted(r.state) for r in durable):
+        replicas = [
+            r for r in replicas if r.durable or (r.state is not None and not _deleted(r.state))
+        ]
+    if not replicas:
+        return
     first = replicas[0]
     durable = [r for r in replicas if r.durable]
     for other in replicas[1:]:
@@ -263,6 +273,10 @@ def _check_complete(replicas: list[_Replica], entity_id: EntityId) -> None:
                 node=other.name,
                 entity=entity_id,
             )
+
+
+def _deleted(state: EntityState) -> bool:
+    return Entity.from_state(state).snapshot().deleted
 
 
 async def check_no_lost_commits(nodes: Nodes, acknowledged: Mapping[EventId, str]) -> None:

@@ -28,7 +28,8 @@ Invariants: after every step, replicas that hold the same events agree, heads ar
 antichains, durable nodes hold no dangling references; at teardown the simulation heals
 and quiesces and every invariant of :mod:`mycelia.testing.invariants` must hold.
 
-Each example runs on its own event loop (``asyncio.Runner``), so run machines from plain
+Each example runs on its own virtual-time event loop (``asyncio.Runner`` of a
+:class:`~mycelia.testing.vloop.VirtualTimeLoop`), so run machines from plain
 (synchronous) tests.
 """
 
@@ -62,6 +63,7 @@ from mycelia.testing.invariants import (
 )
 from mycelia.testing.simulator import SimConfig, Simulation
 from mycelia.testing.strategies import edit_scripts, model_values
+from mycelia.testing.vloop import VirtualTimeLoop
 
 __all__ = ["SimulationMachine"]
 
@@ -81,7 +83,7 @@ class SimulationMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self._runner = asyncio.Runner()
+        self._runner = asyncio.Runner(loop_factory=VirtualTimeLoop)
         self.actions: list[Action] = []
         self.sim = self.run(Simulation.open(self.config, self.seed))
 

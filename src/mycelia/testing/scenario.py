@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from mycelia.testing.actions import Action, Edit, plan, script
 from mycelia.testing.simulator import SimConfig, Simulation
 from mycelia.testing.trace import Trace
+from mycelia.testing.vloop import run_virtual
 
 __all__ = [
     "SeedsReport",
@@ -117,7 +118,7 @@ def replay(
     seed: int, config: SimConfig, actions: Sequence[Action], *, keep_trace: bool = True
 ) -> SimResult:
     """Run exactly ``actions`` (from a failure's message) in a new event loop."""
-    return asyncio.run(simulate(seed, config, actions, keep_trace=keep_trace))
+    return run_virtual(simulate(seed, config, actions, keep_trace=keep_trace))
 
 
 def run_seed(seed: int, config: SimConfig | None = None, *, shrink_runs: int = 200) -> SimResult:
@@ -129,7 +130,7 @@ def run_seed(seed: int, config: SimConfig | None = None, *, shrink_runs: int = 2
     config = config or SimConfig()
     actions = plan_for(seed, config)
     try:
-        return asyncio.run(simulate(seed, config, actions))
+        return run_virtual(simulate(seed, config, actions))
     except Exception as exc:
         minimal = shrink(seed, config, actions, type(exc), max_runs=shrink_runs)
         raise SimulationFailure(
@@ -141,7 +142,7 @@ def _rerun_error(
     seed: int, config: SimConfig, actions: Sequence[Action], fallback: BaseException
 ) -> BaseException:
     try:
-        asyncio.run(simulate(seed, config, actions))
+        run_virtual(simulate(seed, config, actions))
     except Exception as exc:  # noqa: BLE001 - the error the minimal plan gives
         return exc
     return fallback
@@ -152,7 +153,7 @@ def _fails(
 ) -> Callable[[list[Action]], bool]:
     def still(actions: list[Action]) -> bool:
         try:
-            asyncio.run(simulate(seed, config, actions))
+            run_virtual(simulate(seed, config, actions))
         except kind:
             return True
         except Exception:  # noqa: BLE001 - another failure is not the one being shrunk

@@ -1,4 +1,4 @@
-"""One simulated node: storage that outlives crashes, the Node while it is up, what is watched.
+"""One simulated node: storage that outlives crashes, the Node while it is up, its peering.
 
 Invariants:
 
@@ -7,26 +7,42 @@ Invariants:
   would be); an ephemeral node that loses its cache restarts on a new, empty engine and
   rejoins the system.
 - Every incarnation gets its own seeded ``rng`` (derived from the run's seed, the node's
-  index and the incarnation number), so node keys, genesis nonces and text client ids are
-  reproducible and never reused by a later incarnation.
+  index and the incarnation number), so node keys, genesis nonces, handshake challenges
+  and text client ids are reproducible and never reused by a later incarnation.
+- An ephemeral node keeps a real :class:`~mycelia.node.client.Connection` to a durable
+  node while it is up: each dial picks, with the run's generator, one of the durable
+  nodes it can reach (a client failing over between servers). A durable node serves the
+  streams dialed to it with real :class:`~mycelia.node.peer.PeerConnection` s, which die
+  with it when it crashes.
 - ``known`` mirrors, from the node's change notifications, which entities it holds and
   whether they are deleted; it is rebuilt from storage on restart.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Final
 
 from mycelia.entity import DELETED, EntityChange
 from mycelia.entity.model import Model
 from mycelia.node import Node
+from mycelia.node.client import Connection
+from mycelia.node.transport import Transport
 from mycelia.proto import AdmittedEvent, EntityId, Event
 from mycelia.testing.faults import FaultyStorage
 from mycelia.testing.fields import field_kinds
 from mycelia.testing.invariants import WatchedQuery
+from mycelia.testing.links import Links
 
-__all__ = ["SimNode", "watch_queries"]
+__all__ = ["REQUEST_TIMEOUT", "SimNode", "watch_queries"]
+
+REQUEST_TIMEOUT: Final = 40.0
+"""Ticks a simulated request may wait for its answer."""
+HANDSHAKE_TIMEOUT: Final = 20.0
+MIN_BACKOFF: Final = 1.0
+MAX_BACKOFF: Final = 16.0
 
 
 class SimNode:
@@ -40,20 +56,23 @@ class SimNode:
         self._seed = seed
         self.storage = FaultyStorage()
         self.node: Node | None = None
+        self.connection: Connection | None = None
         self.incarnation = 0
         self.known: dict[EntityId, tuple[str, bool]] = {}
         self.fresh: list[EntityChange] = []
         self.watched: list[WatchedQuery[Model]] = []
         self.crash_after_failure = False
+        self._serving: dict[asyncio.Task[None], None] = {}
 
     @property
     def up(self) -> bool:
         """Whether the node is running."""
         return self.node is not None
 
-    def rng(self) -> random.Random:
-        """The entropy of the current incarnation."""
-        return random.Random(f"mycelia-sim/node/{self._seed}/{self.index}/{self.incarnation}")
+    def rng(self, purpose: str = "node") -> random.Random:
+        """The entropy of the current incarnation, for one purpose."""
+        seed = f"mycelia-sim/{purpose}/{self._seed}/{self.index}/{self.incarnation}"
+        return random.Random(seed)
 
     async def start(
         self, system: Sequence[Event], models: Sequence[type[Model]], *, watch: bool = True
@@ -74,12 +93,54 @@ class SimNode:
         self.watched = await watch_queries(node, models) if watch else []
         return node
 
-    def crash(self, *, lose_cache: bool) -> None:
-        """Stop: the Node object is abandoned mid-flight (nothing is flushed or closed)."""
+    def connect(self, dial: Callable[[SimNode], Transport]) -> None:
+        """Keep this (ephemeral) node connected through ``dial``, which opens a stream to a
+        durable node it can reach (or raises ConnectionRefusedError)."""
+        assert self.node is not None
+
+        async def redial() -> Transport:
+            return dial(self)
+
+        self.connection = self.node.attach(
+            redial,
+            token=None,
+            min_backoff=MIN_BACKOFF,
+            max_backoff=MAX_BACKOFF,
+            request_timeout=REQUEST_TIMEOUT,
+            rng=self.rng("backoff"),
+        )
+        self.connection.start()
+
+    def serve(self, links: Links, client: int) -> Transport:
+        """Accept a stream dialed by node ``client`` (this node must be a durable one that is
+        up); returns the client's end."""
+        assert self.node is not None
+        stream = links.open(client, self.index)
+        peer = self.node.accept(
+            stream.server,
+            request_timeout=REQUEST_TIMEOUT,
+            handshake_timeout=HANDSHAKE_TIMEOUT,
+            outgoing_frames=4096,
+        )
+        task = asyncio.ensure_future(peer.run())
+        self._serving[task] = None
+        task.add_done_callback(lambda done: self._serving.pop(done, None))
+        return stream.client
+
+    async def crash(self, links: Links, *, lose_cache: bool) -> None:
+        """Stop: the Node is abandoned mid-flight (its storage is not closed); its streams and
+        the connections it served die with it."""
         self.node = None
         self.watched = []
         self.fresh = []
         self.crash_after_failure = False
+        links.node_down(self.index)
+        for task in list(self._serving):
+            task.cancel()
+        await asyncio.gather(*self._serving, return_exceptions=True)
+        if self.connection is not None:
+            connection, self.connection = self.connection, None
+            await connection.close()
         if lose_cache and not self.durable:
             self.storage = FaultyStorage()
 
@@ -88,6 +149,8 @@ class SimNode:
             after = change.after
             if after.exists:
                 self.known[after.entity_id] = (after.collection, after.deleted)
+            else:
+                self.known.pop(after.entity_id, None)  # reverted away by the durable peer
         self.fresh.extend(changes)
 
     def take_fresh(self) -> list[AdmittedEvent]:

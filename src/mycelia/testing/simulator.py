@@ -1,11 +1,17 @@
 """A deterministic multi-node simulator with faults (ARCHITECTURE.md §12).
 
 A :class:`Simulation` runs real :class:`~mycelia.Node` s — durable and ephemeral, each on
-its own (fault-injectable) :class:`~mycelia.storage.MemoryStorage` — in one event loop,
-on virtual time, connected by a faulty :class:`~mycelia.testing.network.Network` that
-carries only bytes. It performs :mod:`~mycelia.testing.actions` (commits through real
-transactions, crashes, partitions, failing writes, intrusions) one per tick; between
-actions the network delivers what is due and nodes gossip digests.
+its own (fault-injectable) :class:`~mycelia.storage.MemoryStorage` — in one event loop on
+virtual time (:mod:`~mycelia.testing.vloop`: run it with :func:`run_virtual`). Ephemeral
+nodes are clients: each keeps a real connection to a durable node it can reach, over
+simulated streams (:mod:`~mycelia.testing.links`), so the whole client side — session,
+upstream, commit pipeline, subscriptions, read-through — and the server side — responder,
+group commit, pushes — run as in production, with connection resets, corrupted frames,
+delays, partitions and crashes. Durable nodes replicate among themselves by gossip over a
+faulty :class:`~mycelia.testing.network.Network` that carries only bytes (a deployment
+shares one database instead). The simulation performs :mod:`~mycelia.testing.actions`
+(commits through real transactions, crashes, partitions, failing writes, intrusions) one
+per tick; between actions the network delivers what is due and durable nodes gossip.
 
 Invariants:
 
@@ -19,20 +25,24 @@ Invariants:
   records it) and excluded from the lost-commit check; every other acknowledged commit must
   be on every durable node at the end.
 - **Heal and quiesce.** :meth:`Simulation.quiesce` turns every fault off, heals the
-  network, restarts stopped nodes and exchanges digests until a round stores nothing; only
-  then does :meth:`Simulation.check` require every node to hold the same state.
+  network, restarts stopped nodes, lets every client reconnect and push what it owes, and
+  exchanges digests until a round stores nothing and no frame moves; only then does
+  :meth:`Simulation.check` require the nodes to agree.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from mycelia.entity.model import Model
-from mycelia.errors import MyceliaError
+from mycelia.errors import EntityNotFound, MyceliaError
 from mycelia.node import Node, Transaction
+from mycelia.node.transport import Transport
+from mycelia.node.upstream import ConnectionState
 from mycelia.proto import Event, EventId
 from mycelia.storage import MemoryStorage
 from mycelia.testing.actions import (
@@ -59,6 +69,7 @@ from mycelia.testing.invariants import (
     check_no_lost_commits,
     check_system_membership,
 )
+from mycelia.testing.links import Links
 from mycelia.testing.network import INTRUDER, Faults, Network, VirtualClock
 from mycelia.testing.samples import SimLink, SimNote
 from mycelia.testing.simnode import SimNode
@@ -83,12 +94,8 @@ class SimConfig:
     gossip_every: int = 8
     """Ticks between gossip rounds (each node sends one digest to one peer)."""
     watch: bool = True
-    """Keep live queries open on every node and check them against fetches at the end."""
-    snapshots: bool = False
-    """Durable nodes catch ephemeral ones up with state snapshots, as a server does (an
-    entity the ephemeral node lacks, or whose head differs with no events to bridge it);
-    the ephemeral node holds them without their history and fetches it from reachable
-    durable peers when it needs it (``Applier.remote``)."""
+    """Keep live queries open on every node and check them against fetches at the end
+    (on a client they are subscriptions on its server, which keep it complete)."""
 
     @property
     def nodes(self) -> int:
@@ -105,7 +112,7 @@ class SimConfig:
         return (
             f"SimConfig(durable={self.durable}, ephemeral={self.ephemeral}, "
             f"operations={self.operations}, models=({models},), faults={self.faults!r}, "
-            f"gossip_every={self.gossip_every}, watch={self.watch}, snapshots={self.snapshots})"
+            f"gossip_every={self.gossip_every}, watch={self.watch})"
         )
 
 
@@ -120,12 +127,15 @@ class Simulation:
         self.network = Network(
             self.clock, random.Random(f"mycelia-sim/net/{seed}"), config.faults, trace
         )
+        self.links = Links(self.network, random.Random(f"mycelia-sim/links/{seed}"), trace)
         self.nodes = [
             SimNode(i, durable=i < config.durable, seed=seed, peers=_peers(i, config))
             for i in range(config.nodes)
         ]
-        self.replicator = Replicator(self.nodes, self.network, trace, snapshots=config.snapshots)
+        self.replicator = Replicator(self.nodes, self.network, trace)
         self._gossip_rng = random.Random(f"mycelia-sim/gossip/{seed}")
+        self._dial_rng = random.Random(f"mycelia-sim/dial/{seed}")
+        self._next_gossip = config.gossip_every
         self.system: list[Event] = []
         self.foreign: list[Event] = []
         self.acknowledged: dict[EventId, tuple[int, int]] = {}
@@ -162,6 +172,7 @@ class Simulation:
             await self._crash(self.nodes[action.node], action.down, lose_cache=action.lose_cache)
         elif isinstance(action, Partition):
             self.network.partition(action.side)
+            self.links.partitioned()
             self._heal_at = self.clock.now + action.ticks
         elif isinstance(action, FailWrite):
             self._arm(action)
@@ -196,6 +207,10 @@ class Simulation:
         try:
             async with sn.node.context().transaction() as trx:
                 done = await body(trx)
+        except EntityNotFound:
+            # A client's edit reads through: its server may have had the entity deleted.
+            self.trace.record("skip", "gone")
+            return False
         except InjectedFailure:
             self.replicator.count("commits failed")
             self.trace.record("failed", self.clock.now, sn.index, "commit")
@@ -211,7 +226,8 @@ class Simulation:
             self.acknowledged[event.id] = (sn.index, self.clock.now)
         self.replicator.count("commits")
         self.trace.record("commit", self.clock.now, sn.index, [bytes(e.id) for e in events])
-        self.replicator.broadcast(sn, events)
+        if sn.durable:
+            self.replicator.broadcast(sn, events)  # a client's commit goes up its connection
         return True
 
     def _arm(self, action: FailWrite) -> None:
@@ -230,7 +246,7 @@ class Simulation:
         if lose_cache and not sn.durable:
             await self._forfeit(sn)
         sn.storage.disarm()
-        sn.crash(lose_cache=lose_cache)
+        await sn.crash(self.links, lose_cache=lose_cache)
         self.replicator.count("crashes")
         self.trace.record("crash", self.clock.now, sn.index, lose_cache)
         self._restarts.append((self.clock.now + down, sn.index))
@@ -247,11 +263,15 @@ class Simulation:
     # -- time --------------------------------------------------------------------------
 
     async def advance(self, ticks: int) -> None:
-        """Let ``ticks`` ticks pass: restarts, heals, gossip, then due deliveries."""
+        """Let ``ticks`` ticks pass: everything due runs (virtual time), then restarts,
+        heals, gossip and due gossip deliveries."""
+        loop = asyncio.get_running_loop()
         for _ in range(ticks):
-            now = self.clock.advance()
+            await asyncio.sleep(1)
+            now = self.clock.advance(max(1, int(loop.time()) - self.clock.now))
             await self._timers(now)
-            if now % self.config.gossip_every == 0:
+            if now >= self._next_gossip:
+                self._next_gossip = now + self.config.gossip_every
                 await self._gossip()
             while (env := self.network.pop_due()) is not None:
                 sn = self.nodes[env.dst]
@@ -270,11 +290,25 @@ class Simulation:
             await self._restart(self.nodes[index])
 
     async def _start(self, sn: SimNode) -> Node:
-        """Open the node; an ephemeral one gets its durable peers as history source."""
+        """Open the node; a client then keeps a connection to a durable node."""
         node = await sn.start(self.system, self.config.models, watch=self.config.watch)
         if not sn.durable:
-            node.applier.remote = self.replicator.fetcher(sn)
+            sn.connect(self._dial)
         return node
+
+    def _dial(self, client: SimNode) -> Transport:
+        """A stream from ``client`` to one durable node it can reach (the run's choice)."""
+        reachable = [
+            sn
+            for sn in self.nodes
+            if sn.durable and sn.up and not self.network.cut(client.index, sn.index)
+        ]
+        if not reachable:
+            self.links.count("dials refused")
+            raise ConnectionRefusedError(f"{client.name} can reach no durable node")
+        server = reachable[self._dial_rng.randrange(len(reachable))]
+        self.trace.record("dial", self.clock.now, client.index, server.index)
+        return server.serve(self.links, client.index)
 
     async def _restart(self, sn: SimNode) -> None:
         if sn.up:
@@ -284,19 +318,18 @@ class Simulation:
         self.trace.record("restart", self.clock.now, sn.index, sn.incarnation)
         for peer in sn.peers:
             await self.replicator.digest(sn, peer)
-            await self.replicator.repush_owed(sn, peer)
 
     async def _gossip(self) -> None:
         for sn in self.nodes:
             if sn.up and sn.peers:
                 peer = sn.peers[self._gossip_rng.randrange(len(sn.peers))]
                 await self.replicator.digest(sn, peer)
-                await self.replicator.repush_owed(sn, peer)
 
     # -- the end -----------------------------------------------------------------------
 
     async def quiesce(self) -> None:
-        """Turn faults off, heal, restart everyone, gossip until a round stores nothing.
+        """Turn faults off, heal, restart everyone; let every client reconnect and push what
+        it owes; gossip until a round stores nothing and moves no frame.
 
         Raises Unconverged if that takes more than a bounded number of rounds.
         """
@@ -311,31 +344,43 @@ class Simulation:
             await self._restart(self.nodes[index])
         self._restarts = []
         for _ in range(QUIESCE_ROUNDS):
-            before = self.replicator.stored
+            before = (self.replicator.stored, self.links.counts.get("frames", 0))
             for sn in self.nodes:
                 for peer in sn.peers:
                     await self.replicator.digest(sn, peer)
-                    await self.replicator.repush_owed(sn, peer)
             await self._drain()
-            if self.replicator.stored == before:
+            if (self.replicator.stored, self.links.counts.get("frames", 0)) == before:
                 return
-        raise Unconverged(f"still storing new events after {QUIESCE_ROUNDS} rounds of gossip")
+        raise Unconverged(f"still storing or sending after {QUIESCE_ROUNDS} quiet rounds")
 
     async def _drain(self) -> None:
-        """Deliver until nothing is in flight (bounded: endless traffic is a failure)."""
+        """Run until nothing is in flight and every client is ready and owes nothing
+        (bounded: endless traffic is a failure)."""
         for _ in range(DRAIN_TICKS):
-            if not self.network.in_flight:
+            if not (self.network.in_flight or self.links.in_flight) and all(
+                _settled(sn) for sn in self.nodes if not sn.durable
+            ):
                 return
             await self.advance(1)
-        raise Unconverged(f"messages still in flight after {DRAIN_TICKS} quiet ticks")
+        stuck = [sn.name for sn in self.nodes if not sn.durable and not _settled(sn)]
+        raise Unconverged(
+            f"still busy after {DRAIN_TICKS} quiet ticks (clients not settled: {stuck})"
+        )
 
     async def check(self) -> None:
-        """Every invariant of :mod:`mycelia.testing.invariants`, on every node."""
+        """Every invariant of :mod:`mycelia.testing.invariants`, on every node.
+
+        With live queries watched, a client is kept complete by its subscriptions and must
+        hold what the durable nodes hold (but entities deleted before it saw them);
+        without, it only holds what it touched, which must agree replica by replica.
+        """
         nodes = {sn.name: sn.node for sn in self.nodes if sn.node is not None}
+        durable = {sn.name: sn.node for sn in self.nodes if sn.node is not None and sn.durable}
         await check_heads_are_antichains(nodes)
         await check_no_dangling_references(nodes)
         await check_system_membership(nodes)
-        await check_convergence(nodes, complete=True)
+        await check_convergence(nodes, complete=self.config.watch)
+        await check_convergence(durable, complete=True)
         kept = {
             i: f"committed by {self.nodes[who].name} at tick {tick}"
             for i, (who, tick) in self.acknowledged.items()
@@ -358,6 +403,7 @@ class Simulation:
         """Counters of what happened (commits, messages, faults...)."""
         out = dict(self.replicator.counts)
         out.update(self.network.counts)
+        out.update(self.links.counts)
         out["acknowledged"] = len(self.acknowledged)
         out["forfeited"] = len(self.forfeited)
         out["ticks"] = self.clock.now
@@ -365,10 +411,20 @@ class Simulation:
 
 
 def _peers(index: int, config: SimConfig) -> tuple[int, ...]:
-    """Durable nodes peer with everyone; ephemeral ones with the durable nodes."""
+    """Durable nodes gossip with each other; clients (ephemeral) reach them by connection."""
     if index < config.durable:
-        return tuple(i for i in range(config.nodes) if i != index)
-    return tuple(range(config.durable))
+        return tuple(i for i in range(config.durable) if i != index)
+    return ()
+
+
+def _settled(sn: SimNode) -> bool:
+    """Whether a client is up, connected and ready, and owes nothing."""
+    return (
+        sn.node is not None
+        and sn.connection is not None
+        and sn.connection.state is ConnectionState.READY
+        and not sn.node.owed()
+    )
 
 
 async def _act(trx: Transaction, sn: SimNode, model: type[Model], action: Action) -> bool:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 __all__ = ["Deadlock", "VirtualTimeLoop", "run_virtual"]
 
 T = TypeVar("T")
+_FileObject = Any  # selectors' own alias is private: an int fd or an object with fileno()
 
 
 class Deadlock(RuntimeError):
@@ -38,15 +39,15 @@ class _Selector(selectors.BaseSelector):
         self._keys: dict[int, selectors.SelectorKey] = {}
 
     def register(
-        self, fileobj: selectors._FileObject, events: int, data: Any = None
+        self, fileobj: _FileObject, events: int, data: Any = None
     ) -> selectors.SelectorKey:
-        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        fd = fileobj if isinstance(fileobj, int) else int(fileobj.fileno())
         key = selectors.SelectorKey(fileobj, fd, events, data)
         self._keys[fd] = key
         return key
 
-    def unregister(self, fileobj: selectors._FileObject) -> selectors.SelectorKey:
-        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+    def unregister(self, fileobj: _FileObject) -> selectors.SelectorKey:
+        fd = fileobj if isinstance(fileobj, int) else int(fileobj.fileno())
         return self._keys.pop(fd)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
@@ -55,7 +56,7 @@ class _Selector(selectors.BaseSelector):
         self._loop.advance(timeout)
         return []
 
-    def get_map(self) -> Mapping[selectors._FileObject, selectors.SelectorKey]:
+    def get_map(self) -> Mapping[_FileObject, selectors.SelectorKey]:
         return {key.fileobj: key for key in self._keys.values()}
 
     def close(self) -> None:

@@ -1,21 +1,20 @@
-"""The simulator's messages between nodes, as canonical bytes.
+"""The gossip durable simulated nodes replicate with, as canonical bytes.
 
-The simulator moves only bytes between nodes: every message is encoded here when sent
-and decoded when delivered, so every event a node receives has gone through
+Durable nodes of a simulation replicate among themselves by gossip (a deployment scales
+out on one shared database instead; nothing of this is part of the product). Clients —
+ephemeral nodes — speak the real peering protocol (:mod:`mycelia.proto.peering`, over
+:mod:`mycelia.testing.links`). Every gossip message is encoded here when sent and decoded
+when delivered, so every event a node receives has gone through
 :meth:`~mycelia.proto.Event.from_bytes` (ids recomputed, limits enforced) exactly as if it
 had come off a socket.
 
-Vocabulary (a minimal gossip protocol; the real peering protocol is :mod:`mycelia.proto.peering`):
+Vocabulary:
 
 - :class:`Push` — events, parents first (after a local commit, or answering a want/digest);
 - :class:`Want` — event ids the sender misses (parents of events it holds pending);
 - :class:`Digest` — "what I have": the sender's head of every entity it holds; the
   receiver pushes back what the sender lacks (and, when ``reply`` is set and the digest
-  shows the sender holds something it lacks, answers with its own digest);
-- :class:`Ack` — a durable node confirms it stores these events (an ephemeral sender
-  settles its outbox, ARCHITECTURE.md §7);
-- :class:`Snapshot` — entity states instead of their history (what a durable node sends an
-  ephemeral one about an entity it does not hold, ARCHITECTURE.md §7).
+  shows the sender holds something it lacks, answers with its own digest).
 
 Invariants: encoding is deterministic (ids sorted where order carries no meaning), so a
 seeded run produces the same bytes every time; :func:`decode` raises only
@@ -28,18 +27,16 @@ from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from mycelia.errors import InvalidMessage
-from mycelia.proto import DEFAULT_LIMITS, Clock, EntityId, EntityState, Event, EventId, Limits
+from mycelia.proto import DEFAULT_LIMITS, Clock, EntityId, Event, EventId, Limits
 from mycelia.proto.codec import expect_bytes, expect_list, pack, unpack
 from mycelia.proto.ids import ID_LENGTH
 from mycelia.proto.messages import decode_events, encode_events
 
-__all__ = ["Ack", "Digest", "Push", "SimMessage", "Snapshot", "Want", "decode", "encode"]
+__all__ = ["Digest", "Push", "SimMessage", "Want", "decode", "encode"]
 
 _PUSH: Final = 1
 _WANT: Final = 2
 _DIGEST: Final = 3
-_ACK: Final = 4
-_SNAPSHOT: Final = 5
 
 _IdT = TypeVar("_IdT", EntityId, EventId)
 
@@ -66,21 +63,7 @@ class Digest:
     reply: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """Events the (durable) sender now stores."""
-
-    ids: tuple[EventId, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Entity states (sorted by entity id), without their events."""
-
-    states: tuple[EntityState, ...]
-
-
-SimMessage = Push | Want | Digest | Ack | Snapshot
+SimMessage = Push | Want | Digest
 
 
 def encode(msg: SimMessage) -> bytes:
@@ -89,13 +72,9 @@ def encode(msg: SimMessage) -> bytes:
         return pack([_PUSH, encode_events(msg.events)])
     if isinstance(msg, Want):
         return pack([_WANT, sorted(bytes(i) for i in msg.ids)])
-    if isinstance(msg, Digest):
-        # One bytes string per entity: its id, then its head's ids (32 bytes each).
-        heads = [b"".join((e, *head)) for e, head in msg.heads]
-        return pack([_DIGEST, heads, msg.reply])
-    if isinstance(msg, Snapshot):
-        return pack([_SNAPSHOT, [s.to_bytes() for s in msg.states]])
-    return pack([_ACK, sorted(bytes(i) for i in msg.ids)])
+    # One bytes string per entity: its id, then its head's ids (32 bytes each).
+    heads = [b"".join((e, *head)) for e, head in msg.heads]
+    return pack([_DIGEST, heads, msg.reply])
 
 
 def decode(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> SimMessage:
@@ -108,12 +87,6 @@ def decode(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> SimMessage:
         return Push(tuple(decode_events(rest[0], limits)))
     if tag == _WANT and len(rest) == 1:
         return Want(tuple(_ids(rest[0], limits, EventId)))
-    if tag == _ACK and len(rest) == 1:
-        return Ack(tuple(_ids(rest[0], limits, EventId)))
-    if tag == _SNAPSHOT and len(rest) == 1:
-        items = expect_list(rest[0], "snapshot", max_len=limits.max_batch_events)
-        states = [EntityState.from_bytes(expect_bytes(i, "state"), limits=limits) for i in items]
-        return Snapshot(tuple(states))
     if tag == _DIGEST and len(rest) == 2 and isinstance(rest[1], bool):
         return Digest(
             tuple(_digest_entry(i, limits) for i in _digest_items(rest[0], limits)), rest[1]

@@ -1,0 +1,48 @@
+"""Heads that cannot be decided by a comparison: drop what this node can prove is stale.
+
+When a snapshot from a peer must be merged and the history needed to compare the two
+heads is not available (ARCHITECTURE.md §7: the peer went away mid-walk, say), the
+applier keeps both heads. Keeping an id that is an ancestor of another would break the
+antichain invariant every later placement relies on (a new event names only the tips it
+was made on as parents), so this module drops every id the history held *here* shows to
+be an ancestor of another. History not held here proves nothing: what remains may still
+be wider than the true head, never narrower, and a later comparison settles it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mycelia.proto import EventId
+from mycelia.retrieval import EventSource
+
+__all__ = ["drop_known_ancestors"]
+
+
+async def drop_known_ancestors(
+    head: Mapping[EventId, int], events: EventSource, *, budget: int
+) -> dict[EventId, int]:
+    """``head`` (id → generation) without the ids that held events show are ancestors of
+    others in it; walks at most ``budget`` events, never below the head's lowest generation
+    (nothing there can be in it)."""
+    if len(head) < 2:
+        return dict(head)
+    floor = min(head.values())
+    stale: set[EventId] = set()
+    seen: set[EventId] = set(head)
+    frontier = sorted(head)
+    walked = 0
+    while frontier and walked < budget:
+        found = await events.get_events(frontier)
+        walked += len(found)
+        step: list[EventId] = []
+        for event in found.values():
+            for parent in event.parent:
+                if parent in head:
+                    stale.add(parent)
+                if parent not in seen:
+                    seen.add(parent)
+                    step.append(parent)
+        held = await events.get_events(step) if step else {}
+        frontier = sorted(i for i in step if i in held and held[i].generation >= floor)
+    return {i: g for i, g in head.items() if i not in stale}
