@@ -504,16 +504,22 @@ class Applier:
         word of a trusted peer: while the entity here has exactly that head, the
         snapshot's head is taken without a comparison (pass only what the durable peer of
         an ephemeral node said). An older or equal snapshot is a no-op. All the merged
-        states are written at once. Raises DecodeError for malformed buffers and
-        InvalidEvent for a snapshot that contradicts the entity (another collection);
-        nothing is written then.
+        states are written at once. A snapshot that does not fit is left out and reported
+        in the result's ``errors`` (DecodeError for a malformed buffer, InvalidEvent for
+        another collection; on an ephemeral node, EventNotFound when the history needed
+        to place it cannot be fetched now: the peer's next answer brings it again).
         """
         bases = bases or {}
         result = IngestResult()
         by_id = {s.entity_id: s for s in states}
         async with self.staging(by_id, result) as run:
-            for incoming in by_id.values():
-                run.add(await self._merge_state(incoming, bases.get(incoming.entity_id)))
+            for entity_id, incoming in by_id.items():
+                try:
+                    run.add(await self._merge_state(incoming, bases.get(entity_id)))
+                except MyceliaError as exc:
+                    self._residents.evict(entity_id)
+                    log.info("refused a snapshot of %s: %s", entity_id, exc)
+                    result.errors[entity_id] = exc
         return result
 
     async def _merge_state(self, incoming: EntityState, base: Clock | None) -> _Plan | None:
@@ -554,10 +560,13 @@ class Applier:
                 getter, incoming.state.head, entity.head, budget=self._budget, hints=hints
             )
         except EventNotFound:
+            if self._remote is not None:
+                raise  # the durable peer holds that history: merge once it can be asked
             log.info(
                 "merging a snapshot of %s without its history: keeping both heads", entity.entity_id
             )
-            return await drop_known_ancestors(hints, self._store, budget=self._budget)
+            root = EventId(entity.entity_id)
+            return await drop_known_ancestors(hints, self._store, root=root, budget=self._budget)
         action = action_for(outcome.relation)
         if action is Action.NOTHING:
             return None

@@ -20,13 +20,18 @@ __all__ = ["drop_known_ancestors"]
 
 
 async def drop_known_ancestors(
-    head: Mapping[EventId, int], events: EventSource, *, budget: int
+    head: Mapping[EventId, int], events: EventSource, *, root: EventId, budget: int
 ) -> dict[EventId, int]:
     """``head`` (id → generation) without the ids that held events show are ancestors of
-    others in it; walks at most ``budget`` events, never below the head's lowest generation
-    (nothing there can be in it)."""
+    others in it, nor the entity's genesis ``root`` beside any other id (every event of an
+    entity descends from its genesis); walks at most ``budget`` events, never below the
+    head's lowest generation (nothing there can be in it)."""
     if len(head) < 2:
         return dict(head)
+    if root in head:
+        head = {i: g for i, g in head.items() if i != root}
+        if len(head) < 2:
+            return head
     floor = min(head.values())
     stale: set[EventId] = set()
     seen: set[EventId] = set(head)

@@ -38,11 +38,16 @@ from mycelia.entity import Applier, Entity, EventCheck, ForkBase
 from mycelia.errors import (
     CommitReverted,
     ConnectionClosed,
+    DecodeError,
     InvalidArgument,
+    LineageError,
     MyceliaError,
+    PendingLimit,
+    PolicyDenied,
     ProtocolError,
     RemoteError,
     RequestTimeout,
+    SystemError_,
 )
 from mycelia.node.outbox import Outbox, Owed
 from mycelia.node.ports import Commit, MakeRequest, Session
@@ -68,27 +73,31 @@ REJECTIONS_KEPT: Final = 1024
 """Rejection records a slow reader of ``rejections()`` may fall behind by (then dropped)."""
 FRAME_MARGIN: Final = 64 * 1024
 """Room a commit request leaves in a frame for its envelope."""
-TRANSIENT: Final = frozenset(
-    {
-        "ConnectionClosed",
-        "RequestTimeout",
-        "InternalError",
-        "StorageError",
-        "StorageLocked",
-        "StorageReadOnly",
-        "StorageCorrupt",
-        "EventNotFound",
-    }
-)
-"""Error kinds that say the peer could not take a commit *now*: not a refusal, so the
-commit stays owed and a later session pushes it again. (``EventNotFound``: the peer lacks
-a parent. Either that parent was refused too — this node finds so itself, from the
-commits' parents, and reverts the commit with it — or the peer has not received it yet,
-from another server of a cluster, say.)"""
+REFUSALS: Final = (PolicyDenied, DecodeError, SystemError_, LineageError, InvalidArgument)
+"""What a durable peer's answer must name for a commit to count as refused (and be
+reverted): errors that say it will never take the commit. Anything else — a storage
+failure there, an internal error, an error kind this node does not know, and
+``EventNotFound`` (a parent the peer lacks: either refused too, which this node finds
+itself from the commits' parents, or not yet received from another server of a cluster)
+— means "not now": the commit stays owed and a later session pushes it again. Reverting
+loses the user's work, pushing again costs nothing, so only what is certain reverts."""
+
+
+def _refusal(exc: RemoteError) -> MyceliaError | None:
+    """The refusal ``exc`` names, or None if it only says "not now" (see REFUSALS)."""
+    kind = getattr(errors, exc.kind, None)
+    if not (isinstance(kind, type) and issubclass(kind, REFUSALS)):
+        return None
+    if issubclass(kind, PendingLimit):
+        return None  # the peer is busy holding events for others
+    try:
+        return kind(f"the durable peer refused: {exc}")
+    except TypeError:
+        return exc
 
 
 class _Later:
-    """The verdict "not now" (see :data:`TRANSIENT`)."""
+    """The verdict "not now" (see :data:`REFUSALS`)."""
 
 
 LATER: Final = _Later()
@@ -437,10 +446,11 @@ class CommitPipeline:
             async with asyncio.timeout(self._timeout):
                 await future
         except RemoteError as exc:
-            if exc.kind in TRANSIENT:
+            refusal = _refusal(exc)
+            if refusal is None:
                 log.info("the durable peer could not take a commit now: %s", exc)
                 return LATER
-            return _local_error(exc)
+            return refusal
         except (ConnectionClosed, TimeoutError) as exc:
             raise _SessionOver(str(exc) or "no answer in time") from exc
         return None
@@ -595,14 +605,3 @@ def _get_events(ids: tuple[EventId, ...]) -> MakeRequest:
 
 def _ids(owed: Owed) -> tuple[EventId, ...]:
     return tuple(e.id for e in owed.events)
-
-
-def _local_error(exc: RemoteError) -> MyceliaError:
-    """The local error class a peer's refusal names (PolicyDenied stays PolicyDenied)."""
-    kind = getattr(errors, exc.kind, None)
-    if isinstance(kind, type) and issubclass(kind, MyceliaError) and kind is not RemoteError:
-        try:
-            return kind(f"the durable peer refused: {exc}")
-        except TypeError:
-            pass
-    return exc

@@ -356,9 +356,11 @@ class Node:
 
     async def ingest_states(self, states: Iterable[EntityState]) -> IngestResult:
         """Merge entity states from elsewhere (a durable peer's snapshots): every backend is
-        a state CRDT, so any order converges. Raises DecodeError or InvalidEvent for a
-        state that does not fit (nothing is written then)."""
-        return await self._applier.ingest_states(list(states))
+        a state CRDT, so any order converges. Raises the first error (DecodeError,
+        InvalidEvent) if some state did not fit; the others are merged."""
+        result = await self._applier.ingest_states(list(states))
+        result.raise_first()
+        return result
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until this node's durable peer connection is ready (no-op without one)."""

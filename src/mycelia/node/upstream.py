@@ -31,7 +31,15 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final, TypeVar
 
 from mycelia.entity import Applier, Entity, EntityChange, IngestResult
-from mycelia.errors import ConnectionClosed, MyceliaError, ProtocolError, RequestTimeout
+from mycelia.errors import (
+    ConnectionClosed,
+    DecodeError,
+    LineageError,
+    MyceliaError,
+    ProtocolError,
+    RequestTimeout,
+    RetrievalError,
+)
 from mycelia.node.commits import CommitPipeline
 from mycelia.node.deltas import query_rows
 from mycelia.node.ports import MakeRequest, Session, Standing
@@ -237,7 +245,8 @@ class Upstream:
             response = await self._link.request(make, expect=DeltasResponse)
         except (ConnectionClosed, RequestTimeout):
             return  # offline after all: answer from what is here
-        await self.apply_deltas(response.deltas)
+        with contextlib.suppress(DecodeError, LineageError, RetrievalError):
+            await self.apply_deltas(response.deltas)  # (logged) answer from what is here
 
     # -- live queries --------------------------------------------------------------------
 
@@ -281,12 +290,20 @@ class Upstream:
         except MyceliaError as exc:
             log.warning("could not subscribe query %s on the durable peer: %s", qid, exc)
             return
-        await self.apply_deltas(response.deltas)
+        try:
+            await self.apply_deltas(response.deltas)
+        except (DecodeError, LineageError, RetrievalError) as exc:
+            log.warning("resubscribing query %s after a refused answer (%s)", qid, exc)
+            await session.close()  # the next session subscribes again, with the heads held
 
     # -- what the peer sends -----------------------------------------------------------
 
     async def apply_deltas(self, deltas: Iterable[Delta]) -> list[EntityChange]:
-        """Apply deltas from the durable peer (states merged, events ingested, gaps filled)."""
+        """Apply deltas from the durable peer (states merged, events ingested, gaps filled).
+
+        Every delta that fits is applied; then raises the first refusal if some did not
+        (the caller decides: a pushed update reconnects, a read-through answers from here).
+        """
         deltas = tuple(deltas)
         changes: list[EntityChange] = []
         events = [e for d in deltas for e in d.events]
@@ -298,16 +315,20 @@ class Upstream:
             for d in deltas
             if d.state is not None and d.base is not None and not self._durable
         }
+        refused: dict[EntityId, MyceliaError] = {}
         if states:
-            changes.extend((await self._applier.ingest_states(states, bases=bases)).changes)
+            merged = await self._applier.ingest_states(states, bases=bases)
+            changes.extend(merged.changes)
+            refused.update(merged.errors)
         if events:
             result = await self._applier.ingest(events)
-            for entity_id, error in result.errors.items():
-                log.warning(
-                    "the durable peer sent events for %s that were refused: %s", entity_id, error
-                )
+            refused.update(result.errors)
             changes.extend(result.changes)
             changes.extend(await self._fill_gaps(result))
+        for entity_id, error in refused.items():
+            log.warning("could not apply what the durable peer sent for %s: %s", entity_id, error)
+        if refused:
+            raise next(iter(refused.values()))
         return changes
 
     async def _fill_gaps(self, result: IngestResult) -> list[EntityChange]:

@@ -23,7 +23,6 @@ failure (not just the first).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import multiprocessing
 import time

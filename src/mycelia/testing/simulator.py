@@ -79,6 +79,8 @@ __all__ = ["SimConfig", "Simulation"]
 
 QUIESCE_ROUNDS: Final = 12
 DRAIN_TICKS: Final = 1_000
+QUIET_TICKS: Final = 3
+"""Ticks without a frame that count as quiet (more than a round trip once faults are off)."""
 
 
 @dataclass(frozen=True)
@@ -354,18 +356,22 @@ class Simulation:
         raise Unconverged(f"still storing or sending after {QUIESCE_ROUNDS} quiet rounds")
 
     async def _drain(self) -> None:
-        """Run until nothing is in flight and every client is ready and owes nothing
-        (bounded: endless traffic is a failure)."""
+        """Run until nothing is in flight, no frame moved for a few ticks (a client may be
+        between a response and its next request) and every client is ready and owes
+        nothing (bounded: endless traffic is a failure)."""
+        quiet = 0
         for _ in range(DRAIN_TICKS):
-            if not (self.network.in_flight or self.links.in_flight) and all(
-                _settled(sn) for sn in self.nodes if not sn.durable
-            ):
-                return
+            frames = self.links.counts.get("frames", 0)
             await self.advance(1)
+            idle = not (self.network.in_flight or self.links.in_flight)
+            if idle and frames == self.links.counts.get("frames", 0):
+                quiet += 1
+            else:
+                quiet = 0
+            if quiet >= QUIET_TICKS and all(_settled(sn) for sn in self.nodes if not sn.durable):
+                return
         stuck = [sn.name for sn in self.nodes if not sn.durable and not _settled(sn)]
-        raise Unconverged(
-            f"still busy after {DRAIN_TICKS} quiet ticks (clients not settled: {stuck})"
-        )
+        raise Unconverged(f"still busy after {DRAIN_TICKS} ticks (clients not settled: {stuck})")
 
     async def check(self) -> None:
         """Every invariant of :mod:`mycelia.testing.invariants`, on every node.
