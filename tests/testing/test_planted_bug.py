@@ -1,9 +1,11 @@
-"""A kit that cannot fail is worthless: with a broken merge rule planted, it must fail.
+"""A kit that cannot fail is worthless: with a bug planted, it must fail.
 
 ``broken_lww()`` makes LWW keep the last applied write instead of the largest
 (generation, event id). The simulator must report a divergence for some seed, print a
 minimal plan, and rerunning that seed (or that plan) must fail the same way; without the
-planted bug the same seed passes.
+planted bug the same seed passes. ``dropped_deltas()`` makes clients lose some updates
+their server sends: the simulator, which runs the real client and server code, must
+catch that too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from mycelia.testing import (
     SimulationFailure,
     SimulationMachine,
     broken_lww,
+    dropped_deltas,
     replay,
     run_seed,
 )
@@ -49,6 +52,25 @@ def test_a_broken_merge_rule_is_reported_as_a_divergence_with_a_reproducible_see
     # Without the planted bug, the very same plan converges.
     replay(failure.seed, CONFIG, failure.actions)
     run_seed(failure.seed, CONFIG)
+
+
+CLIENTS = SimConfig(durable=1, ephemeral=2, operations=60, faults=Faults.none(), watch=True)
+
+
+def test_a_client_that_drops_updates_is_caught_with_a_reproducible_seed() -> None:
+    with dropped_deltas(every=4):
+        failure = None
+        for seed in range(20):
+            try:
+                run_seed(seed, CLIENTS, shrink_runs=0)
+            except SimulationFailure as found:
+                failure = found
+                break
+        assert failure is not None, "a client losing every 4th update went unnoticed"
+        with pytest.raises(SimulationFailure) as again:
+            run_seed(failure.seed, CLIENTS, shrink_runs=0)
+        assert str(again.value.error) == str(failure.error)  # the same failure, byte for byte
+    run_seed(failure.seed, CLIENTS)  # without the planted bug, the seed converges
 
 
 def test_the_failure_message_is_a_runnable_minimal_reproduction() -> None:

@@ -9,12 +9,15 @@ Needs hypothesis (a dev dependency). The kit, from the smallest piece to the lar
   acknowledged commit lost, antichain heads, no dangling references, system membership,
   live queries equal to fresh fetches; each raises an :class:`InvariantViolation`;
 - :mod:`~mycelia.testing.simulator` — a deterministic simulator: real nodes on virtual
-  time and a faulty network (drop, duplication, reordering, delay, partitions, crashes,
-  failing writes, intrusions); :func:`run_seed` runs a seed and, on failure, shrinks it
-  and prints a replayable plan;
+  time (:func:`run_virtual`), clients speaking the real peering protocol to durable nodes
+  over faulty streams, durable nodes gossiping over a faulty network (resets, drops,
+  duplication, reordering, delay, corruption, partitions, crashes, failing writes,
+  intrusions); :func:`run_seed` runs a seed and, on failure, shrinks it and prints a
+  replayable plan;
 - :class:`SimulationMachine` — a hypothesis state machine over the simulator, to subclass
   with your own models and rules;
-- :func:`broken_lww` — a planted bug, to check that your tests can fail.
+- :func:`broken_lww` and :func:`dropped_deltas` — planted bugs (a merge rule, a lost
+  update on a client), to check that your tests can fail.
 
 The guide is ``docs/testing-guide.md``.
 """
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
         Partition,
         Wait,
     )
-    from mycelia.testing.faults import FaultyStorage, broken_lww
+    from mycelia.testing.faults import FaultyStorage, broken_lww, dropped_deltas
     from mycelia.testing.fields import (
         EditStep,
         FieldKind,
@@ -77,6 +80,7 @@ if TYPE_CHECKING:
         simulate,
     )
     from mycelia.testing.simulator import SimConfig, Simulation
+    from mycelia.testing.vloop import Deadlock, VirtualTimeLoop, run_virtual
 
 _LAZY = {
     "Action": "mycelia.testing.actions",
@@ -90,6 +94,7 @@ _LAZY = {
     "Wait": "mycelia.testing.actions",
     "FaultyStorage": "mycelia.testing.faults",
     "broken_lww": "mycelia.testing.faults",
+    "dropped_deltas": "mycelia.testing.faults",
     "EditStep": "mycelia.testing.fields",
     "FieldKind": "mycelia.testing.fields",
     "SetField": "mycelia.testing.fields",
@@ -126,6 +131,9 @@ _LAZY = {
     "shrink": "mycelia.testing.scenario",
     "simulate": "mycelia.testing.scenario",
     "SimConfig": "mycelia.testing.simulator",
+    "Deadlock": "mycelia.testing.vloop",
+    "VirtualTimeLoop": "mycelia.testing.vloop",
+    "run_virtual": "mycelia.testing.vloop",
     "Simulation": "mycelia.testing.simulator",
 }
 """Where each public name lives: modules load on first use, so importing one helper
@@ -146,6 +154,7 @@ __all__ = [
     "Crash",
     "Create",
     "DanglingReference",
+    "Deadlock",
     "Delete",
     "Divergence",
     "Edit",
@@ -174,6 +183,7 @@ __all__ = [
     "TextInsert",
     "Unconverged",
     "UnexpectedError",
+    "VirtualTimeLoop",
     "Wait",
     "WatchedQuery",
     "apply_edit",
@@ -183,11 +193,13 @@ __all__ = [
     "check_no_dangling_references",
     "check_no_lost_commits",
     "check_system_membership",
+    "dropped_deltas",
     "field_kinds",
     "plan_for",
     "replay",
     "run_seed",
     "run_seeds",
+    "run_virtual",
     "shrink",
     "simulate",
 ]

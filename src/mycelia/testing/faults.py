@@ -12,6 +12,10 @@
   It patches a class attribute of the LWW backend: a test-only fault injection, never for
   production code.
 
+- :func:`dropped_deltas` plants a client-side bug: a client silently ignores some of the
+  deltas its durable peer sends (a lost update). Its copy and live queries then fall
+  behind for good unless something repairs them, which the checkers must report.
+
 - :func:`pin_fallback_text_ids` pins the one piece of entropy a node does not take from
   its injected ``rng``: the Yrs client ids of text documents created outside a
   transaction's fork (see its docstring). Pinning entropy is what a mock may do here.
@@ -23,17 +27,26 @@ exactly the real one.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+from mycelia.entity import EntityChange
 from mycelia.entity.backends import text as text_backend
 from mycelia.entity.backends.lww import LwwBackend
 from mycelia.errors import StorageError
+from mycelia.node.upstream import Upstream
 from mycelia.proto import AdmittedEvent
+from mycelia.proto.peering import Delta
 from mycelia.retrieval import WriteBatch, WriteResult
 from mycelia.storage import MemoryStorage
 
-__all__ = ["FaultyStorage", "InjectedFailure", "broken_lww", "pin_fallback_text_ids"]
+__all__ = [
+    "FaultyStorage",
+    "InjectedFailure",
+    "broken_lww",
+    "dropped_deltas",
+    "pin_fallback_text_ids",
+]
 
 
 class InjectedFailure(StorageError):
@@ -87,6 +100,24 @@ def broken_lww() -> Iterator[None]:
         yield
     finally:
         LwwBackend.apply = original  # type: ignore[method-assign]
+
+
+@contextmanager
+def dropped_deltas(every: int = 5) -> Iterator[None]:
+    """Within the block, clients drop every ``every``-th delta their durable peer sends
+    (test-only: a planted lost-update bug the simulator must catch)."""
+    original = Upstream.apply_deltas
+    seen = itertools.count(1)
+
+    async def lossy(self: Upstream, deltas: Iterable[Delta]) -> list[EntityChange]:
+        kept = [d for d in deltas if next(seen) % every]
+        return await original(self, kept)
+
+    Upstream.apply_deltas = lossy  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Upstream.apply_deltas = original  # type: ignore[method-assign]
 
 
 def pin_fallback_text_ids(seed: str | None) -> None:

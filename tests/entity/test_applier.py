@@ -1,0 +1,264 @@
+"""The applier on its own: MemoryStorage, no Node (ARCHITECTURE.md §5).
+
+Events are made by a durable node (the easiest way to mint real ones); the applier under
+test is built directly, as the node's composition root builds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from mycelia import Model, Node
+from mycelia.entity import (
+    Applier,
+    Entity,
+    EntityChange,
+    ForkBase,
+    PendingPool,
+    Residents,
+    Snapshot,
+)
+from mycelia.entity.values import encode_value
+from mycelia.errors import CommitReverted, EventNotFound, PolicyDenied
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
+from mycelia.retrieval import WriteBatch
+from mycelia.storage import MemoryStorage
+from mycelia.storage.testing import engine_content
+
+
+class Note(Model, collection="notes"):
+    title: str = ""
+    rank: int = 0
+
+
+async def _server() -> Node:
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    return node
+
+
+async def _note(node: Node, **values: object) -> EntityId:
+    async with node.context().transaction() as trx:
+        return trx.create(Note, **values).id
+
+
+async def _edit(node: Node, entity_id: EntityId, **values: object) -> None:
+    async with node.context().transaction() as trx:
+        handle = await trx.edit(Note, entity_id)
+        for name, value in values.items():
+            setattr(handle, name, value)
+
+
+async def _applier(
+    server: Node,
+    *,
+    durable: bool = False,
+    heard: list[EntityChange] | None = None,
+    remote: Sequence[AdmittedEvent] | None = None,
+) -> tuple[Applier, MemoryStorage]:
+    """An applier of ``server``'s system on a fresh store (``remote``: the history a peer
+    would answer with; None: no peer)."""
+    store = MemoryStorage()
+
+    async def ask(ids: Sequence[EventId], ahead: int) -> list[AdmittedEvent]:
+        return [e for e in remote or () if e.id in ids]
+
+    root = server.system_root
+    applier = Applier(
+        store,
+        Residents(),
+        durable=durable,
+        system_root=lambda: root,
+        remote=None if remote is None else ask,
+        on_change=None if heard is None else heard.extend,
+        pending=PendingPool(),
+    )
+    await applier.ingest([e.event for e in await server.system_events()])
+    return applier, store
+
+
+async def _holding(
+    applier: Applier, server: Node, note: EntityId
+) -> tuple[EntityState, Entity, ForkBase]:
+    """Give ``applier`` the server's state of ``note`` as a snapshot (no events); returns
+    the state, the entity held and what a fork of it starts from."""
+    state = await server.storage.get_state(note)
+    assert state is not None
+    await applier.ingest_states([state])
+    held = await applier.load(note)
+    assert held is not None
+    return state, held, applier.base(held)
+
+
+def _update(entity_id: EntityId, parent: Clock, **values: object) -> Event:
+    """An update setting LWW ``values`` on ``parent`` (as a transaction's fork would)."""
+    draft = Entity.empty(entity_id, "notes")
+    for name, value in values.items():
+        draft.lww().set(name, encode_value(value))
+    return Event.update(
+        entity_id=entity_id, collection="notes", parent=parent, operations=draft.take_operations()
+    )
+
+
+async def test_a_snapshot_base_is_taken_only_while_the_head_is_exactly_that_base() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    states: list[EntityState] = []
+    for rank in (1, 2, 3):
+        await _edit(a, note, rank=rank)
+        state = await a.storage.get_state(note)
+        assert state is not None
+        states.append(state)
+    first, second, third = states
+    for base, width in ((first.state.head, 1), (second.state.head, 2)):
+        applier, _ = await _applier(a, durable=True)
+        await applier.ingest_states([first])
+        await applier.ingest_states([third], bases={note: base})
+        entity = await applier.load(note)
+        assert entity is not None
+        assert entity.snapshot().values["rank"] == 3
+        # A base that is not the head here is ignored: with no history to compare, a
+        # durable node keeps both heads (the usual fallback), never one it cannot justify.
+        assert len(entity.head) == width
+
+
+async def test_a_local_commit_forked_before_a_snapshot_moved_the_head_is_placed() -> None:
+    """The race of the client-side issue, at the applier: the fork's head is replaced by a
+    snapshot whose history this node never held; the commit still lands, beside it."""
+    a = await _server()
+    note = await _note(a, title="g")
+    applier, _ = await _applier(a)
+    _, held, base = await _holding(applier, a, note)
+    mine = _update(note, held.head, title="mine")
+    for i in range(3):
+        await _edit(a, note, rank=i + 1)
+    later = await a.storage.get_state(note)
+    assert later is not None
+    await applier.ingest_states([later], bases={note: held.head})  # the fork's head is gone
+    result = await applier.commit_local([mine], bases={note: base})
+    entity = await applier.load(note)
+    assert entity is not None
+    assert [e.id for e in result.stored] == [mine.id]
+    assert set(entity.head) == set(later.state.head) | {mine.id}  # concurrent: both tips
+    assert entity.snapshot().values["title"] == "mine"
+    assert entity.snapshot().values["rank"] == 3
+
+
+async def test_a_commit_forked_before_a_reset_of_its_entity_is_refused() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    applier, store = await _applier(a)
+    state, held, base = await _holding(applier, a, note)
+    await applier.reset({note: state})
+    before = await engine_content(store)
+    with pytest.raises(CommitReverted):
+        await applier.commit_local([_update(note, held.head, rank=9)], bases={note: base})
+    assert await engine_content(store) == before
+
+
+async def test_a_refusing_check_leaves_nothing_in_memory_or_storage() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    applier, store = await _applier(a, durable=True)
+    await applier.ingest([e.event for e in await a.storage.events_of(note)])
+    held = await applier.load(note)
+    assert held is not None
+    before = await engine_content(store)
+
+    def refuse(before: Snapshot, after: Snapshot, event: AdmittedEvent) -> None:
+        raise PolicyDenied("no")
+
+    with pytest.raises(PolicyDenied):
+        await applier.commit_local(
+            [_update(note, held.head, rank=5)], bases={note: applier.base(held)}, check=refuse
+        )
+    assert await engine_content(store) == before
+    reloaded = await applier.load(note)
+    assert reloaded is not None
+    assert reloaded.snapshot().values["rank"] == 0  # memory was not left ahead of storage
+
+
+async def test_listeners_hear_of_each_write_in_commit_order() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    for rank in (1, 2, 3):
+        await _edit(a, note, rank=rank)
+    heard: list[EntityChange] = []
+    applier, _ = await _applier(a, durable=True, heard=heard)
+    heard.clear()  # (the system root's own arrival)
+    history = [e.event for e in await a.storage.events_of(note)]  # G, 1, 2, 3
+    await applier.ingest(history[2:])  # held: their parents are unknown
+    await applier.ingest(history[:2])  # G and 1, then each released one in its own write
+    assert [c.after.values.get("rank") for c in heard] == [1, 2, 3]
+    assert [c.after.head for c in heard] == [Clock([e.id]) for e in history[1:]]
+
+
+async def test_grouped_commits_are_each_checked_against_their_own_before_and_after() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    applier, store = await _applier(a, durable=True)
+    await applier.ingest([e.event for e in await a.storage.events_of(note)])
+    head = Clock([(await a.storage.events_of(note))[-1].id])
+    bad = _update(note, head, title="refused")
+    good = _update(note, Clock([bad.id]), title="fine")
+    seen: list[object] = []
+
+    def check(before: Snapshot, after: Snapshot, event: AdmittedEvent) -> None:
+        seen.append(after.values.get("title"))
+        if after.values.get("title") == "refused":
+            raise PolicyDenied("refused")
+
+    before = await engine_content(store)
+    with pytest.raises(PolicyDenied):
+        await applier.commit_many([[bad], [good]], check=check)
+    assert seen == ["refused"]  # the first commit's own after, not the batch's last
+    assert await engine_content(store) == before
+
+
+async def test_a_reset_replaces_an_entity_and_replays_the_kept_local_commits() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    applier, store = await _applier(a)
+    state, held, base = await _holding(applier, a, note)
+    refused = _update(note, held.head, title="refused")
+    await applier.commit_local([refused], bases={note: base})
+    kept = AdmittedEvent(_update(note, state.state.head, rank=4), 2)  # forked before it
+    result = await applier.reset({note: state}, replay=[kept])
+    entity = await applier.load(note)
+    assert entity is not None
+    assert entity.snapshot().values["title"] == "g"
+    assert entity.snapshot().values["rank"] == 4
+    assert entity.head == Clock([kept.id])
+    assert {e.id for e in await store.events_of(note)} == {kept.id}  # the refused one is gone
+    assert [c.after.head for c in result.changes] == [Clock([kept.id])]
+
+
+async def test_history_below_a_head_whose_link_is_out_of_reach_is_not_placed_as_new() -> None:
+    """A subject-side walk must not stop early while an unavailable event reached from the
+    head only could link the subject to it (the simulator's HeadNotAntichain)."""
+    a = await _server()
+    note = await _note(a, title="g")
+    await _edit(a, note, title="a")
+    await _edit(a, note, title="x")
+    history = await a.storage.events_of(note)  # G, A, X
+    applier, _ = await _applier(a, remote=[])  # a peer that answers nothing
+    _, held, base = await _holding(applier, a, note)  # head [X], none of its history
+    mine = _update(note, held.head, rank=1)
+    await applier.commit_local([mine], bases={note: base})  # K on X
+    result = await applier.ingest([history[0].event, history[1].event])  # G, A: below X
+    assert isinstance(result.errors[note], EventNotFound)
+    entity = await applier.load(note)
+    assert entity is not None
+    assert entity.head == Clock([mine.id])
+
+
+async def test_forgetting_an_entity_in_a_write_drops_it_whole() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    applier, store = await _applier(a, durable=True)
+    await applier.ingest([e.event for e in await a.storage.events_of(note)])
+    await store.write(WriteBatch(forget=(note,)))
+    assert await store.get_state(note) is None
+    assert await store.events_of(note) == []

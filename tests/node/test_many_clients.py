@@ -1,0 +1,151 @@
+"""Forty clients at once, each with live queries open, editing shared entities and one text.
+
+This is what broke before the client side was rebuilt: commits the server took raised on
+the client (``EventNotFound``), so an app that retried duplicated text. It runs twice:
+deterministically, over memory transports (:class:`InProcessServer`), and over real
+websockets against a real ``mycelia serve`` process. It must show no commit error, every
+acknowledged text insert exactly once, and every client's live view equal to a fresh
+client's fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import mycelia
+from mycelia import Model, Node, Text
+from mycelia.node.inprocess import InProcessServer
+from mycelia.node.live import LiveQuery
+from mycelia.storage import MemoryStorage
+from tests.cli.test_serve_process import start_server
+
+CLIENTS = 40
+EDITS = 8
+SHARED = 20
+
+
+class Item(Model, collection="items"):
+    label: str = ""
+    count: int = 0
+
+
+class Pad(Model, collection="pads"):
+    body: Text
+
+
+Attach = Callable[[Node], Awaitable[None]]
+
+
+async def _clients(attach: Attach, n: int) -> list[Node]:
+    nodes = []
+    for _ in range(n):
+        node = await Node.open(MemoryStorage(), durable=False)
+        await attach(node)
+        nodes.append(node)
+    await asyncio.gather(*(node.wait_ready(timeout=30) for node in nodes))
+    return nodes
+
+
+async def _seed(attach: Attach) -> tuple[list[mycelia.EntityId], mycelia.EntityId]:
+    (author,) = await _clients(attach, 1)
+    async with author.context().transaction() as trx:
+        items = [trx.create(Item, label=f"i{i}").id for i in range(SHARED)]
+        pad = trx.create(Pad, body="").id
+    await author.close()
+    return items, pad
+
+
+async def _edit(
+    node: Node, index: int, items: list[mycelia.EntityId], pad: mycelia.EntityId
+) -> list[str]:
+    """``EDITS`` edits, alternating an LWW set and a text insert; returns the tokens
+    inserted (each commit awaited until the server confirmed it)."""
+    rng = random.Random(f"many-clients/{index}")
+    tokens = []
+    for step in range(EDITS):
+        async with node.context().transaction() as trx:
+            if step % 2 == 0:
+                item = await trx.edit(Item, items[rng.randrange(len(items))])
+                item.label, item.count = f"c{index}s{step}", index * 100 + step
+            else:
+                token = f"<{index}.{step}>"
+                body = (await trx.edit(Pad, pad)).body
+                cuts = [0] + [i + 1 for i, ch in enumerate(body) if ch == ">"]
+                body.insert(rng.choice(cuts), token)  # between tokens, never inside one
+                tokens.append(token)
+        await asyncio.sleep(0)  # yield between edits, as an app's event loop would
+    return tokens
+
+
+async def _until_equal(live: LiveQuery[Model], want: list[Model], timeout: float = 60) -> None:
+    async with asyncio.timeout(timeout):
+        while live.items != want:
+            await anext(aiter(live))
+
+
+async def _run(attach: Attach) -> None:
+    items, pad = await _seed(attach)
+    nodes = await _clients(attach, CLIENTS)
+    lives = []
+    for node in nodes:
+        ctx = node.context()
+        item_query = await ctx.query(Item, "").__aenter__()
+        pad_query = await ctx.query(Pad, "").__aenter__()
+        lives.append((item_query, pad_query))
+    try:
+        outcomes = await asyncio.gather(
+            *(_edit(node, i, items, pad) for i, node in enumerate(nodes)), return_exceptions=True
+        )
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        assert errors == [], f"{len(errors)} of {CLIENTS} clients got commit errors: {errors[:3]}"
+        tokens = [t for o in outcomes if isinstance(o, list) for t in o]
+        (fresh,) = await _clients(attach, 1)
+        want_items = await fresh.context().fetch(Item, "")
+        want_pads = await fresh.context().fetch(Pad, "")
+        text = str(want_pads[0].body)
+        assert len(tokens) == CLIENTS * EDITS // 2
+        assert [t for t in tokens if text.count(t) != 1] == []  # every insert exactly once
+        assert len(text) == sum(len(t) for t in tokens)  # and nothing else
+        for item_query, pad_query in lives:
+            await _until_equal(item_query, want_items)  # type: ignore[arg-type]
+            await _until_equal(pad_query, want_pads)  # type: ignore[arg-type]
+        await fresh.close()
+    finally:
+        for item_query, pad_query in lives:
+            await item_query.close()
+            await pad_query.close()
+        for node in nodes:
+            await node.close()
+
+
+async def test_forty_clients_over_memory_transports_lose_and_duplicate_nothing() -> None:
+    server_node = await Node.open(MemoryStorage(), durable=True)
+    await server_node.create_system()
+    server = InProcessServer(server_node)
+
+    async def attach(node: Node) -> None:
+        server.connect(node)
+
+    try:
+        await _run(attach)
+    finally:
+        await server.close()
+        await server_node.close()
+
+
+async def test_forty_clients_against_a_real_mycelia_serve_lose_and_duplicate_nothing(
+    tmp_path: Path,
+) -> None:
+    process, url = await start_server(tmp_path / "data")
+
+    async def attach(node: Node) -> None:
+        await mycelia.connect(node, url)
+
+    try:
+        await _run(attach)
+    finally:
+        process.terminate()
+        await process.wait()
