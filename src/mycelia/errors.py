@@ -4,10 +4,12 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
 
     MyceliaError
     ├── InvalidArgument            a caller passed a value the API cannot accept (also a ValueError)
+    │   └── ConfigError            an operator's setting (flag, variable, file) cannot be used
     ├── DecodeError                bytes from the wire or a file could not be decoded
     │   ├── PayloadTooLarge        a documented limit (proto.limits) was exceeded
     │   ├── InvalidEvent           an event is structurally invalid
     │   │   └── IdMismatch         an id does not match the content it names
+    │   ├── InvalidState           a state is malformed or does not follow from its events
     │   └── InvalidMessage         a wire frame is not a message this protocol knows
     ├── RetrievalError
     │   ├── EventNotFound          an event id is not known here
@@ -23,6 +25,7 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     ├── StorageError               the storage engine failed (backend error chained)
     │   ├── StorageLocked          another process holds the store
     │   ├── StorageReadOnly        the store cannot be written
+    │   ├── StorageNotFound        there is no store at the path given (nothing was created)
     │   └── StorageCorrupt         the store's content fails its own checks
     ├── TransactionError
     │   └── TransactionClosed      a transaction was used after commit or rollback
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 __all__ = [
     "BudgetExceeded",
+    "ConfigError",
     "ConnectionClosed",
     "DecodeError",
     "Disjoint",
@@ -53,6 +57,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidEvent",
     "InvalidMessage",
+    "InvalidState",
     "LineageError",
     "LocalProtocolError",
     "MyceliaError",
@@ -69,6 +74,7 @@ __all__ = [
     "StorageCorrupt",
     "StorageError",
     "StorageLocked",
+    "StorageNotFound",
     "StorageReadOnly",
     "SystemError_",
     "SystemNotReady",
@@ -85,6 +91,11 @@ class InvalidArgument(MyceliaError, ValueError):
     """A caller passed a value the API cannot accept; the message says which and why."""
 
 
+class ConfigError(InvalidArgument):
+    """An operator's setting (a flag, an environment variable, a file it names) cannot be
+    used; the message names the setting and says what to do. ``mycelia`` exits 2 on it."""
+
+
 class DecodeError(MyceliaError):
     """Bytes from the wire or a file could not be decoded into a valid value."""
 
@@ -99,6 +110,11 @@ class InvalidEvent(DecodeError):
 
 class IdMismatch(InvalidEvent):
     """An id does not match the content it is claimed for (a forged or corrupted event)."""
+
+
+class InvalidState(DecodeError):
+    """A state snapshot is malformed, or does not follow from the events it names (a forged
+    or damaged state: its head, values or buffers differ from what its events give)."""
 
 
 class InvalidMessage(DecodeError):
@@ -163,6 +179,12 @@ class StorageLocked(StorageError):
 
 class StorageReadOnly(StorageError):
     """The store (or its directory) cannot be written."""
+
+
+class StorageNotFound(StorageError):
+    """There is no store at the path given (it is missing, or is a file): nothing was
+    created there. Give the directory of an existing store, or open it writable to create
+    one."""
 
 
 class StorageCorrupt(StorageError):

@@ -14,10 +14,10 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import IO
 
-from mycelia.errors import MyceliaError
+from mycelia.cli.files import open_store
+from mycelia.errors import ConfigError, MyceliaError
 from mycelia.node import Node
 from mycelia.node.server import serve
 from mycelia.storage import StorageEngine
@@ -109,15 +109,9 @@ def _storage_flags(cmd: argparse.ArgumentParser) -> None:
 
 
 async def open_storage(data: str, postgres: str | None) -> StorageEngine:
-    """The engine the flags name (LMDB in ``data`` unless ``postgres`` is given)."""
-    if postgres:
-        from mycelia.storage.postgres import PostgresStorage  # noqa: PLC0415 - optional extra
-
-        return await PostgresStorage(postgres).open()
-    from mycelia.storage.lmdb import LmdbStorage  # noqa: PLC0415 - keeps --help fast
-
-    Path(data).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, at start-up
-    return LmdbStorage(data)
+    """The engine the flags name, writable (LMDB in ``data``, created if missing, unless
+    ``postgres`` is given). Raises ConfigError if ``data`` is a file."""
+    return await open_store(data, postgres, readonly=False)
 
 
 async def serve_command(args: argparse.Namespace) -> int:
@@ -156,7 +150,7 @@ async def inspect_command(args: argparse.Namespace) -> int:
     from mycelia.node.identity import KEY_META, NodeKey  # noqa: PLC0415
     from mycelia.node.node import ROOT_KEY  # noqa: PLC0415
 
-    storage = await open_storage(args.data, args.postgres)
+    storage = await open_store(args.data, args.postgres, readonly=True)
     try:
         key = await storage.get_meta(KEY_META)
         root = await storage.get_meta(ROOT_KEY)
@@ -178,7 +172,7 @@ async def inspect_command(args: argparse.Namespace) -> int:
 
 async def dump_command(args: argparse.Namespace) -> int:
     """``mycelia dump``: stream a store to a file."""
-    storage = await open_storage(args.data, args.postgres)
+    storage = await open_store(args.data, args.postgres, readonly=True)
     try:
         with _output(args.out) as out:
             done = await dump_to(storage, out, progress=_progress("dumped"))
@@ -249,6 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return asyncio.run(COMMANDS[args.command](args))
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
     except MyceliaError as exc:
         log.error("%s: %s", type(exc).__name__, exc)
         return 1

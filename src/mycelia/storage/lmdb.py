@@ -119,7 +119,7 @@ class LmdbStorage:
             self._dbs = open_databases(self._env, self.path, readonly=readonly, migrate=build_index)
             last = last_feed_offset(self._env, self._dbs)
         except BaseException:
-            os.close(self._lock_fd)
+            self._unlock()
             raise
         self._news = FeedSignal()
         self._writer = Writer(
@@ -414,4 +414,9 @@ class LmdbStorage:
         with self._gate.exclusive():
             self._drop_snapshot()
             self._env.close()
-        os.close(self._lock_fd)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None

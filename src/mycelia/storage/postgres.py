@@ -2,7 +2,10 @@
 
 Opening: ``storage = await PostgresStorage(dsn).open()``. An engine that is used before
 ``open()`` opens itself on first use, so ``await Node.open(PostgresStorage(dsn), ...)``
-works too (the first call then pays for connecting and migrating).
+works too (the first call then pays for connecting and migrating). With ``create=False``
+the schema must already exist at this version: nothing is created or migrated
+(StorageNotFound, StorageReadOnly otherwise), which is how ``mycelia inspect`` and
+``dump`` open it.
 
 Schema (all tables in the PostgreSQL schema named by ``schema=``, default ``mycelia``):
 
@@ -63,7 +66,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from mycelia.errors import StorageCorrupt, StorageError, StorageReadOnly
+from mycelia.errors import StorageCorrupt, StorageError, StorageNotFound, StorageReadOnly
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
 from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
@@ -123,6 +126,7 @@ class PostgresStorage:
         poll_interval: float = 1.0,
         connect_timeout: float = 30.0,
         listen: bool = True,
+        create: bool = True,
     ) -> None:
         if not _SCHEMA_NAME.match(schema):
             raise StorageError(f"schema must match {_SCHEMA_NAME.pattern}, not {schema!r}")
@@ -132,6 +136,7 @@ class PostgresStorage:
         self._sizes = (min_connections, max_connections)
         self._poll = poll_interval
         self._listen_enabled = listen
+        self._create = create
         self._connect_timeout = connect_timeout
         self._q = {k: sql.SQL(v).format(s=sql.Identifier(schema)) for k, v in QUERIES.items()}
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -158,7 +163,7 @@ class PostgresStorage:
             )  # fmt: skip
             try:
                 await pool.open(wait=True, timeout=self._connect_timeout)
-                await self._migrate(pool)
+                await (self._migrate(pool) if self._create else self._check_schema(pool))
             except (psycopg.Error, PoolTimeout) as exc:
                 await pool.close()
                 raise _translate(exc, f"cannot open PostgreSQL schema {self.schema}") from exc
@@ -206,6 +211,32 @@ class PostgresStorage:
                     sql.SQL("INSERT INTO {}.version VALUES (%s)").format(s), (version,)
                 )
                 log.info("migrated PostgreSQL schema %s to version %d", self.schema, version)
+
+    async def _check_schema(self, pool: AsyncConnectionPool[Any]) -> None:
+        """``create=False``: the schema must exist at this version; nothing is created."""
+        async with pool.connection() as conn:
+            found = await (
+                await conn.execute(
+                    "SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".version',)
+                )
+            ).fetchone()
+            if not (found and found[0]):
+                raise StorageNotFound(
+                    f"there is no Mycelia store in PostgreSQL schema {self.schema}: "
+                    "give the schema of a store (nothing was created)"
+                )
+            row = await (
+                await conn.execute(
+                    sql.SQL("SELECT max(version) FROM {}.version").format(
+                        sql.Identifier(self.schema)
+                    )
+                )
+            ).fetchone()
+        if (row[0] if row else None) != SCHEMA_VERSION:
+            raise StorageReadOnly(
+                f"schema {self.schema} is at version {row[0] if row else None}, not "
+                f"{SCHEMA_VERSION}: open it writable once to migrate it"
+            )
 
     async def _index_every_state(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Fill ``field_keys`` from the stored states (the data step of migration 2)."""

@@ -1,0 +1,140 @@
+"""The ``mycelia`` console script on damaged, missing, read-only and misnamed stores.
+
+Issue 16, defects 8 and 12: each test runs the real console script in a subprocess, as an
+operator would (a crash shows as a signal in the return code, never in the test runner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.storage.test_lmdb_files import copy_of, cut, fill, read_only_mount
+
+MYCELIA = str(Path(sys.executable).parent / "mycelia")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "store"
+    asyncio.run(fill(path))
+    return path
+
+
+def mycelia(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*prefix, MYCELIA, *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def errors(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in done.stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("command", ["inspect", "dump", "serve"])
+@pytest.mark.parametrize("size", [12 * 1024, 16 * 1024, "half"])
+def test_a_truncated_store_is_refused_with_one_line_not_a_bus_error(
+    store: Path, tmp_path: Path, command: str, size: int | str
+) -> None:
+    copy = copy_of(store, tmp_path)
+    cut(copy, (copy / "data.mdb").stat().st_size // 2 if size == "half" else int(size))
+    args = (
+        ["serve", "--data", str(copy), "--port", "0"]
+        if command == "serve"
+        else [command, str(copy)]
+    )
+    if command == "dump":
+        args.append(str(tmp_path / "out.dump"))
+    done = mycelia(*args)
+    assert 0 < done.returncode < 128, (done.returncode, done.stderr)  # 135 was SIGBUS
+    (line,) = errors(done)
+    assert "StorageCorrupt" in line
+    assert "cut short" in line
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_on_a_zero_length_data_file_refuses_instead_of_starting_a_new_system(
+    store: Path, tmp_path: Path
+) -> None:
+    copy = copy_of(store, tmp_path)
+    cut(copy, 0)
+    done = mycelia("serve", "--data", str(copy), "--port", "0")
+    assert 0 < done.returncode < 128, (done.returncode, done.stderr)
+    (line,) = errors(done)
+    assert "empty" in line
+    assert (copy / "data.mdb").stat().st_size == 0
+
+
+@pytest.mark.parametrize("command", ["inspect", "dump"])
+def test_inspect_and_dump_of_a_missing_path_say_so_and_create_nothing(
+    tmp_path: Path, command: str
+) -> None:
+    missing = tmp_path / "nothing" / "here"
+    args = [command, str(missing)] + ([str(tmp_path / "out.dump")] if command == "dump" else [])
+    done = mycelia(*args)
+    assert done.returncode == 2, done.stderr
+    (line,) = errors(done)
+    assert "no store" in line
+    assert not (tmp_path / "nothing").exists()
+    assert not (tmp_path / "out.dump").exists()
+
+
+def test_inspect_of_an_empty_directory_creates_nothing_in_it(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    done = mycelia("inspect", str(tmp_path / "empty"))
+    assert done.returncode == 2, done.stderr
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["serve", "inspect", "dump", "load"])
+def test_a_data_path_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path, command: str) -> None:
+    (tmp_path / "file").write_bytes(b"plain file")
+    (tmp_path / "some.dump").write_bytes(b"")
+    args = {
+        "serve": ["serve", "--data", str(tmp_path / "file"), "--port", "0"],
+        "inspect": ["inspect", str(tmp_path / "file")],
+        "dump": ["dump", str(tmp_path / "file"), str(tmp_path / "out.dump")],
+        "load": ["load", str(tmp_path / "some.dump"), str(tmp_path / "file")],
+    }[command]
+    done = mycelia(*args)
+    assert done.returncode == 2, done.stderr
+    (line,) = errors(done)
+    assert "is a file" in line
+    assert "Traceback" not in done.stderr
+    assert (tmp_path / "file").read_bytes() == b"plain file"
+
+
+def test_a_store_on_a_read_only_file_system_can_be_inspected_and_dumped(
+    store: Path, tmp_path: Path
+) -> None:
+    copy = copy_of(store, tmp_path)
+    names = sorted(p.name for p in copy.iterdir())
+    prefix = tuple(read_only_mount(copy))
+    shown = mycelia("inspect", str(copy), prefix=prefix)
+    assert shown.returncode == 0, shown.stderr
+    assert "notes: 1000 entities" in shown.stdout
+    dumped = mycelia("dump", str(copy), str(tmp_path / "ro.dump"), prefix=prefix)
+    assert dumped.returncode == 0, dumped.stderr
+    assert "dumped 1001 entities" in dumped.stderr
+    assert sorted(p.name for p in copy.iterdir()) == names
+    loaded = mycelia("load", str(tmp_path / "ro.dump"), str(tmp_path / "again"))
+    assert loaded.returncode == 0, loaded.stderr
+    again = mycelia("inspect", str(tmp_path / "again"))
+    assert "notes: 1000 entities" in again.stdout
+
+
+def test_a_backup_of_data_mdb_alone_is_inspected_without_gaining_files(
+    store: Path, tmp_path: Path
+) -> None:
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    shutil.copy(store / "data.mdb", backup / "data.mdb")
+    done = mycelia("inspect", str(backup))
+    assert done.returncode == 0, done.stderr
+    assert "notes: 1000 entities" in done.stdout
+    assert sorted(p.name for p in backup.iterdir()) == ["data.mdb"]
