@@ -60,7 +60,7 @@ import logging
 import re
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import psycopg
 from psycopg import sql
@@ -76,7 +76,6 @@ from mycelia.storage.engine import (
     MetaRecord,
     decode_values,
     entity_records,
-    load_records,
 )
 from mycelia.storage.plan import IndexPlan, check_bound, index_entries, plan_query
 from mycelia.storage.postgres_sql import (
@@ -95,6 +94,7 @@ from mycelia.storage.postgres_sql import (
     sorted_states,
     state_rows,
 )
+from mycelia.storage.staging import Spill, load_batches, stale_load
 
 __all__ = ["SCHEMA_VERSION", "PostgresStorage"]
 
@@ -111,6 +111,17 @@ def _translate(exc: Exception, what: str) -> StorageError:
     if isinstance(exc, (psycopg.errors.DataCorrupted, psycopg.errors.IndexCorrupted)):
         return StorageCorrupt(f"{what}: {exc}")
     return StorageError(f"{what}: {exc}")
+
+
+def _event_columns(events: Sequence[AdmittedEvent]) -> list[list[Any]]:
+    """The ``insert_events`` parameters: one array per column."""
+    return [
+        [bytes(e.id) for e in events],
+        [bytes(e.entity_id) for e in events],
+        [e.generation for e in events],
+        [b"".join(e.parent.ids) for e in events],
+        [e.event.to_bytes() for e in events],
+    ]
 
 
 class PostgresStorage:
@@ -445,9 +456,44 @@ class PostgresStorage:
                     yield record
             after = bytes(rows[-1][0])
 
-    async def load(self, records: AsyncIterable[DumpRecord]) -> int:
-        """Write a dump stream; returns how many events it held."""
-        return await load_records(self, records)
+    async def load(
+        self, records: AsyncIterable[DumpRecord], *, if_offset: int | None = None
+    ) -> int:
+        """Write a dump stream all or nothing; returns how many events it held.
+
+        The rows are staged in an unlinked temporary file while the stream is read (no
+        transaction is open meanwhile), then written in **one transaction** that first
+        locks the feed clock and checks ``if_offset`` (see the module docstring).
+        """
+        total = 0
+        with Spill() as spill:
+            async for batch in load_batches(records):
+                total += len(batch.events)
+                staged = [_event_columns(batch.events), state_rows(batch), list(batch.meta)]
+                await asyncio.to_thread(spill.append, staged)
+            pool = await self._ready()
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    await self._lock_feed(conn, if_offset)
+                    for item in spill.items():
+                        events, states, meta = cast("list[Any]", item)
+                        if events[0]:
+                            await conn.execute(self._q["insert_events"], events)
+                        await self._insert_states(conn, states)
+                        await self._write_meta(conn, meta)
+            except (psycopg.Error, PoolTimeout) as exc:
+                raise _translate(exc, "PostgreSQL load failed") from exc
+        self._wake()
+        return total
+
+    async def _lock_feed(self, conn: psycopg.AsyncConnection[Any], if_offset: int | None) -> None:
+        """Take the feed clock's row lock (held to commit: no state is written meanwhile)
+        and refuse the load if the feed moved since ``if_offset``."""
+        cursor = await conn.execute(self._q["lock_clock"])
+        row = await cursor.fetchone()
+        assert row is not None
+        if if_offset is not None and int(row[0]) != if_offset:
+            raise stale_load(if_offset, int(row[0]))
 
     # ------------------------------------------------------------------ writes
 
@@ -476,14 +522,7 @@ class PostgresStorage:
     ) -> frozenset[EventId]:
         if not events:
             return frozenset()
-        columns = (
-            [bytes(e.id) for e in events],
-            [bytes(e.entity_id) for e in events],
-            [e.generation for e in events],
-            [b"".join(e.parent.ids) for e in events],
-            [e.event.to_bytes() for e in events],
-        )
-        cursor = await conn.execute(self._q["insert_events"], columns)
+        cursor = await conn.execute(self._q["insert_events"], _event_columns(events))
         return frozenset(EventId._trusted(r[0]) for r in await cursor.fetchall())
 
     async def _insert_states(
