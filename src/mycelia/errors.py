@@ -20,7 +20,8 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     │   └── PendingLimit           too many events wait for missing parents
     ├── SystemError_               the node's system (root) is missing or is another one
     │   ├── SystemNotReady         no system root yet: create_system() or join_system()
-    │   └── ForeignSystem          events belong to another system
+    │   ├── ForeignSystem          events belong to another system
+    │   └── ForeignNode            data belongs to another node (another node key)
     ├── PolicyDenied               the policy agent refused an operation
     ├── StorageError               the storage engine failed (backend error chained)
     │   ├── StorageLocked          another process holds the store
@@ -52,6 +53,7 @@ __all__ = [
     "Disjoint",
     "EntityNotFound",
     "EventNotFound",
+    "ForeignNode",
     "ForeignSystem",
     "IdMismatch",
     "InvalidArgument",
@@ -163,6 +165,10 @@ class SystemNotReady(SystemError_):
 
 class ForeignSystem(SystemError_):
     """The events or peer belong to a different system than this node's."""
+
+
+class ForeignNode(SystemError_):
+    """The data belongs to another node (another node key) than the store's own."""
 
 
 class PolicyDenied(MyceliaError):
