@@ -14,7 +14,24 @@ from pathlib import Path
 
 import pytest
 
+from mycelia import EntityId
+from mycelia.storage.lmdb import LmdbStorage
+from mycelia.storage.testing import engine_content
 from tests.storage.test_lmdb_files import copy_of, cut, fill, read_only_mount
+from tests.storage.test_load import Items, forge_state, items
+
+
+def forge_text(values: Items, entity: EntityId) -> bytes:
+    """The dump with ``entity``'s text field forged (state and queryable values alike)."""
+
+    def change(rows: Items, queryable: dict[str, object]) -> None:
+        for row in rows:
+            if row[0] == "text":
+                row[1] = row[1][:-1] + b"!"
+        queryable["text"] = str(queryable["text"])[:-1] + "!"
+
+    return forge_state(values, entity, change)
+
 
 MYCELIA = str(Path(sys.executable).parent / "mycelia")
 
@@ -138,3 +155,37 @@ def test_a_backup_of_data_mdb_alone_is_inspected_without_gaining_files(
     assert done.returncode == 0, done.stderr
     assert "notes: 1000 entities" in done.stdout
     assert sorted(p.name for p in backup.iterdir()) == ["data.mdb"]
+
+
+async def content_of(path: Path) -> list[object]:
+    storage = LmdbStorage(path, readonly=True)
+    try:
+        return await engine_content(storage)
+    finally:
+        await storage.close()
+
+
+@pytest.mark.parametrize("case", ["cut in half", "forged state", "another system"])
+def test_load_of_a_bad_dump_refuses_it_and_changes_nothing(
+    store: Path, tmp_path: Path, case: str
+) -> None:
+    dump = tmp_path / "good.dump"
+    assert mycelia("dump", str(store), str(dump)).returncode == 0
+    blob = dump.read_bytes()
+    if case == "cut in half":
+        bad, error = blob[: len(blob) // 2], "DecodeError"
+    elif case == "forged state":
+        values = items(blob)
+        note = next(EntityId(v[1]) for v in values if v[0] == "state" and len(v[3]) > 20)
+        bad, error = forge_text(values, note), "InvalidState"
+    else:
+        asyncio.run(fill(tmp_path / "other", commits=1))
+        assert mycelia("dump", str(tmp_path / "other"), str(dump)).returncode == 0
+        bad, error = dump.read_bytes(), "ForeignSystem"
+    (tmp_path / "bad.dump").write_bytes(bad)
+    target = copy_of(store, tmp_path)
+    before = asyncio.run(content_of(target))
+    done = mycelia("load", str(tmp_path / "bad.dump"), str(target))
+    assert done.returncode == 1, done.stderr
+    assert error in errors(done)[-1]
+    assert asyncio.run(content_of(target)) == before

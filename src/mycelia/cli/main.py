@@ -92,15 +92,30 @@ def _data_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     _storage_flags(dump_cmd)
     dump_cmd.add_argument("out", nargs="?", default="-", help="output file ('-': stdout)")
+    dump_cmd.add_argument(
+        "--ephemeral",
+        action="store_true",
+        help="dump an ephemeral node's cache (state snapshots without their events); such "
+        "a dump loads only with 'mycelia load --ephemeral'",
+    )
     load_cmd = sub.add_parser(
         "load",
         help="load a portable dump into a store",
-        description="Read a dump written by 'mycelia dump' into a store, verifying every "
-        "event id (recomputed from the event's bytes). The store must not be open in a "
-        "running 'mycelia serve' (LMDB refuses a second opener).",
+        description="Read a dump written by 'mycelia dump' into a store, all or nothing. "
+        "Every event id is recomputed from the event's bytes, every state from its events, "
+        "every meta record is checked; a store that holds anything takes only a dump of its "
+        "own node and system, and a loaded state merges with the stored one (it never "
+        "moves back). The store must not be open in a running 'mycelia serve' (LMDB "
+        "refuses a second opener).",
     )
     load_cmd.add_argument("file", help="the dump file ('-': stdin)")
     _storage_flags(load_cmd)
+    load_cmd.add_argument(
+        "--ephemeral",
+        action="store_true",
+        help="the store is an ephemeral node's cache: accept the snapshots of an "
+        "ephemeral dump (a durable store never takes a state without its events)",
+    )
 
 
 def _storage_flags(cmd: argparse.ArgumentParser) -> None:
@@ -175,7 +190,9 @@ async def dump_command(args: argparse.Namespace) -> int:
     storage = await open_store(args.data, args.postgres, readonly=True)
     try:
         with _output(args.out) as out:
-            done = await dump_to(storage, out, progress=_progress("dumped"))
+            done = await dump_to(
+                storage, out, progress=_progress("dumped"), ephemeral=args.ephemeral
+            )
     finally:
         await storage.close()
     print(f"\ndumped {done.entities} entities, {done.events} events", file=sys.stderr)
@@ -187,7 +204,9 @@ async def load_command(args: argparse.Namespace) -> int:
     storage = await open_storage(args.data, args.postgres)
     try:
         with _input(args.file) as source:
-            done = await load_from(source, storage, progress=_progress("loaded"))
+            done = await load_from(
+                source, storage, progress=_progress("loaded"), durable=not args.ephemeral
+            )
     finally:
         await storage.close()
     print(f"\nloaded {done.entities} entities, {done.events} events", file=sys.stderr)
