@@ -25,7 +25,7 @@ from mycelia.errors import (
     InvalidState,
     MyceliaError,
 )
-from mycelia.proto import EntityState, State
+from mycelia.proto import Clock, EntityState, Event, State
 from mycelia.proto.codec import pack, unpack
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import MemoryStorage, StorageEngine
@@ -130,6 +130,17 @@ def without_events_of(values: Items, entity: EntityId) -> bytes:
 def without_event(values: Items, entity: EntityId, index: int) -> bytes:
     record = next(v for v in values if v[0] == "events" and v[1] == bytes(entity))
     del record[2][index]
+    return packed(values)
+
+
+def with_stray_update(values: Items, entity: EntityId, collection: str) -> bytes:
+    """The dump with a (validly hashed) update of ``entity`` that names ``collection``."""
+    record = next(v for v in values if v[0] == "events" and v[1] == bytes(entity))
+    genesis = Event.from_bytes(record[2][0][1])
+    stray = Event.update(
+        entity_id=entity, collection=collection, parent=Clock([genesis.id]), operations={}
+    )
+    record[2].insert(1, [2, stray.to_bytes()])
     return packed(values)
 
 

@@ -40,6 +40,7 @@ from tests.storage.test_load import (
     state_record,
     system,
     with_meta,
+    with_stray_update,
     without_event,
     without_events_of,
 )
@@ -76,6 +77,11 @@ async def corpus() -> tuple[bytes, bytes, Corpus]:
         "older state than its events": (repacked(stale), InvalidState, "older, newer or forged"),
         "state without its events": (without_events_of(fresh(), ids[5]), InvalidState, "history"),
         "missing parent": (without_event(fresh(), ids[0], 10), InvalidEvent, "missing parent"),
+        "event of another collection": (
+            with_stray_update(fresh(), ids[6], "albums"),
+            InvalidEvent,
+            "collection",
+        ),
         "foreign system": (await dump_bytes(foreign.storage), ForeignSystem, "system root"),
         "foreign entity": (intruder, ForeignSystem, "created in system"),
         "another node": (await dump_bytes(other.storage), ForeignNode, "node key"),

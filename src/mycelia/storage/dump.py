@@ -138,12 +138,7 @@ async def dump_to(
         counts.saw(record.entity_id, len(record.events))
         if not ephemeral:
             _check_whole(record, history)
-        if record.events:
-            events = [[e.generation, e.to_bytes()] for e in record.events]
-            buffer += packer.pack(["events", bytes(record.entity_id), events])
-        if record.state is not None:
-            state, values = record.state.state.to_bytes(), encode_values(record.state.values)
-            buffer += packer.pack(["state", bytes(record.entity_id), state, values])
+        buffer += _packed(packer, record)
         if len(buffer) >= _CHUNK:
             counts.size += len(buffer)
             await asyncio.to_thread(fileobj.write, bytes(buffer))
@@ -157,6 +152,18 @@ async def dump_to(
     if progress is not None:
         progress(counts)
     return counts
+
+
+def _packed(packer: msgpack.Packer, record: EntityRecord) -> bytes:
+    """The ``events`` and ``state`` records of one slice of an entity."""
+    out = b""
+    if record.events:
+        events = [[e.generation, e.to_bytes()] for e in record.events]
+        out += packer.pack(["events", bytes(record.entity_id), events])
+    if record.state is not None:
+        state, values = record.state.state.to_bytes(), encode_values(record.state.values)
+        out += packer.pack(["state", bytes(record.entity_id), state, values])
+    return out
 
 
 def _check_whole(record: EntityRecord, history: set[bytes]) -> None:

@@ -74,6 +74,8 @@ class EntityCheck:
         self.replay: Entity | None = None
         """The entity its events give, while its history is closed (else None)."""
         self.closed = True
+        self.collection: str | None = None
+        """The collection of the entity's first event."""
         self.dumped: StoredState | None = None
 
     def add(self, claimed: int, event: Event) -> AdmittedEvent:
@@ -84,14 +86,16 @@ class EntityCheck:
             raise InvalidEvent(f"event {event.id} is filed under entity {self.entity_id}")
         if event.id in self.staging:
             raise InvalidEvent(f"event {event.id} appears twice in the dump")
+        if self.collection is None:
+            self.collection = event.collection
+        elif event.collection != self.collection:
+            raise InvalidEvent(
+                f"event {event.id} names collection {event.collection!r}, but entity "
+                f"{self.entity_id} lives in {self.collection!r}"
+            )
         admitted = AdmittedEvent(event, self._generation(claimed, event))
         self.staging.stage(admitted)
         if self.replay is not None:
-            if event.collection != self.replay.collection:
-                raise InvalidEvent(
-                    f"event {event.id} names collection {event.collection!r}, but entity "
-                    f"{self.entity_id} lives in {self.replay.collection!r}"
-                )
             self.replay.apply(admitted)
             self.replay.set_head(_head_after(self.replay.head_generations, admitted))
         return admitted
@@ -137,6 +141,11 @@ class EntityCheck:
         if dumped.state.entity_id != self.entity_id:
             raise InvalidState(
                 f"a state of {dumped.state.entity_id} is filed under entity {self.entity_id}"
+            )
+        if self.collection not in (None, dumped.state.collection):
+            raise InvalidState(
+                f"the state of {self.entity_id} names collection {dumped.state.collection!r}, "
+                f"its events {self.collection!r}"
             )
         self.dumped = dumped
 
@@ -189,8 +198,6 @@ class EntityCheck:
                 f"the state of {self.entity_id} names head event {missing[0]}, which the "
                 "dump does not hold"
             )
-        if theirs.collection != ours.collection:
-            raise InvalidState(f"the state of {self.entity_id} names another collection")
         if theirs.state.head_generations() != ours.state.head_generations():
             raise InvalidState(
                 f"the state of {self.entity_id} has head {theirs.state.head}, but its events "
