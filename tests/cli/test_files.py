@@ -189,3 +189,13 @@ def test_load_of_a_bad_dump_refuses_it_and_changes_nothing(
     assert done.returncode == 1, done.stderr
     assert error in errors(done)[-1]
     assert asyncio.run(content_of(target)) == before
+
+
+def test_a_refused_load_into_a_new_path_leaves_no_store_behind(store: Path, tmp_path: Path) -> None:
+    dump = tmp_path / "good.dump"
+    assert mycelia("dump", str(store), str(dump)).returncode == 0
+    (tmp_path / "cut.dump").write_bytes(dump.read_bytes()[:5000])
+    done = mycelia("load", str(tmp_path / "cut.dump"), str(tmp_path / "new"))
+    assert done.returncode == 1, done.stderr
+    assert "truncated" in errors(done)[-1]
+    assert not (tmp_path / "new").exists()

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO
 
-from mycelia.cli.files import open_store
+from mycelia.cli.files import open_store, store_to_load
 from mycelia.errors import ConfigError, MyceliaError
 from mycelia.node import Node
 from mycelia.node.server import serve
@@ -201,14 +201,11 @@ async def dump_command(args: argparse.Namespace) -> int:
 
 async def load_command(args: argparse.Namespace) -> int:
     """``mycelia load``: load a dump into a store."""
-    storage = await open_storage(args.data, args.postgres)
-    try:
+    async with store_to_load(args.data, args.postgres) as storage:
         with _input(args.file) as source:
             done = await load_from(
-                source, storage, progress=_progress("loaded"), durable=not args.ephemeral
+                source, storage, progress=_progress("checked"), durable=not args.ephemeral
             )
-    finally:
-        await storage.close()
     print(f"\nloaded {done.entities} entities, {done.events} events", file=sys.stderr)
     return 0
 

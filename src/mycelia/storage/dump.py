@@ -389,7 +389,13 @@ async def load_from(
         raise DecodeError("the dump is empty") from None
     reader = _Reader(engine, kind, durable=durable, progress=progress)
     start = await engine.last_offset()
-    await engine.load(reader.records(items), if_offset=start)
+    try:
+        await engine.load(reader.records(items), if_offset=start)
+    except DecodeError as exc:  # the same class, with what to do
+        raise type(exc)(
+            f"{exc}; nothing was loaded: the dump is damaged or forged, so load a sound copy "
+            "(or dump the source store again)"
+        ) from exc
     if progress is not None:
         progress(reader.counts)
     return reader.counts
