@@ -4,10 +4,12 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
 
     MyceliaError
     ├── InvalidArgument            a caller passed a value the API cannot accept (also a ValueError)
+    │   └── ConfigError            an operator's setting (flag, variable, file) cannot be used
     ├── DecodeError                bytes from the wire or a file could not be decoded
     │   ├── PayloadTooLarge        a documented limit (proto.limits) was exceeded
     │   ├── InvalidEvent           an event is structurally invalid
     │   │   └── IdMismatch         an id does not match the content it names
+    │   ├── InvalidState           a state is malformed or does not follow from its events
     │   └── InvalidMessage         a wire frame is not a message this protocol knows
     ├── RetrievalError
     │   ├── EventNotFound          an event id is not known here
@@ -18,11 +20,13 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     │   └── PendingLimit           too many events wait for missing parents
     ├── SystemError_               the node's system (root) is missing or is another one
     │   ├── SystemNotReady         no system root yet: create_system() or join_system()
-    │   └── ForeignSystem          events belong to another system
+    │   ├── ForeignSystem          events belong to another system
+    │   └── ForeignNode            data belongs to another node (another node key)
     ├── PolicyDenied               the policy agent refused an operation
     ├── StorageError               the storage engine failed (backend error chained)
     │   ├── StorageLocked          another process holds the store
     │   ├── StorageReadOnly        the store cannot be written
+    │   ├── StorageNotFound        there is no store at the path given (nothing was created)
     │   └── StorageCorrupt         the store's content fails its own checks
     ├── TransactionError
     │   ├── TransactionClosed      a transaction was used after commit or rollback
@@ -46,16 +50,19 @@ from __future__ import annotations
 __all__ = [
     "BudgetExceeded",
     "CommitReverted",
+    "ConfigError",
     "ConnectionClosed",
     "DecodeError",
     "Disjoint",
     "EntityNotFound",
     "EventNotFound",
+    "ForeignNode",
     "ForeignSystem",
     "IdMismatch",
     "InvalidArgument",
     "InvalidEvent",
     "InvalidMessage",
+    "InvalidState",
     "LineageError",
     "LocalProtocolError",
     "MyceliaError",
@@ -72,6 +79,7 @@ __all__ = [
     "StorageCorrupt",
     "StorageError",
     "StorageLocked",
+    "StorageNotFound",
     "StorageReadOnly",
     "SystemError_",
     "SystemNotReady",
@@ -88,6 +96,11 @@ class InvalidArgument(MyceliaError, ValueError):
     """A caller passed a value the API cannot accept; the message says which and why."""
 
 
+class ConfigError(InvalidArgument):
+    """An operator's setting (a flag, an environment variable, a file it names) cannot be
+    used; the message names the setting and says what to do. ``mycelia`` exits 2 on it."""
+
+
 class DecodeError(MyceliaError):
     """Bytes from the wire or a file could not be decoded into a valid value."""
 
@@ -102,6 +115,11 @@ class InvalidEvent(DecodeError):
 
 class IdMismatch(InvalidEvent):
     """An id does not match the content it is claimed for (a forged or corrupted event)."""
+
+
+class InvalidState(DecodeError):
+    """A state snapshot is malformed, or does not follow from the events it names (a forged
+    or damaged state: its head, values or buffers differ from what its events give)."""
 
 
 class InvalidMessage(DecodeError):
@@ -152,6 +170,10 @@ class ForeignSystem(SystemError_):
     """The events or peer belong to a different system than this node's."""
 
 
+class ForeignNode(SystemError_):
+    """The data belongs to another node (another node key) than the store's own."""
+
+
 class PolicyDenied(MyceliaError):
     """The policy agent refused the operation; nothing was persisted."""
 
@@ -166,6 +188,12 @@ class StorageLocked(StorageError):
 
 class StorageReadOnly(StorageError):
     """The store (or its directory) cannot be written."""
+
+
+class StorageNotFound(StorageError):
+    """There is no store at the path given (it is missing, or is a file): nothing was
+    created there. Give the directory of an existing store, or open it writable to create
+    one."""
 
 
 class StorageCorrupt(StorageError):

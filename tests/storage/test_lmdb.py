@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import lmdb
@@ -10,6 +11,7 @@ import pytest
 
 from mycelia.errors import StorageCorrupt, StorageError, StorageLocked, StorageReadOnly
 from mycelia.retrieval import WriteBatch
+from mycelia.storage import DumpRecord, EntityRecord
 from mycelia.storage.lmdb import LARGE_READ, LmdbStorage
 from mycelia.storage.testing import History, genesis, state_of, update
 
@@ -129,5 +131,30 @@ async def test_a_damaged_event_is_reported_corrupt_not_returned(tmp_path: Path) 
         with pytest.raises(StorageCorrupt):
             await storage.get_events([h.c.id])
         assert h.g.id in await storage.get_events([h.g.id])
+    finally:
+        await storage.close()
+
+
+async def test_a_load_larger_than_the_map_grows_it_inside_its_one_transaction(
+    tmp_path: Path,
+) -> None:
+    storage = LmdbStorage(tmp_path / "s", durable=False, map_size=64 * 1024)
+    histories = [History.make(n=i) for i in range(400)]
+
+    async def records() -> AsyncIterator[DumpRecord]:
+        for h in histories:
+            yield EntityRecord(h.entity_id, tuple(h.events), state_of([h.m, h.s], {"n": 1}))
+
+    try:
+        before = txn_count(storage)
+        assert await storage.load(records()) == 6 * len(histories)
+        assert txn_count(storage) - before == 1  # the whole load committed at once
+        assert storage._env.info()["map_size"] > 64 * 1024
+        assert len(await storage.scan("items")) == len(histories)
+        assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+            "data.mdb",
+            "lock.mdb",
+            "mycelia.lock",
+        ]  # the staging file was unlinked from the start
     finally:
         await storage.close()

@@ -10,7 +10,7 @@ import pytest
 from psycopg import sql
 
 from mycelia import Node
-from mycelia.errors import StorageError
+from mycelia.errors import StorageError, StorageNotFound
 from mycelia.proto import EntityId
 from mycelia.retrieval import WriteBatch
 from mycelia.storage.postgres import SCHEMA_VERSION, PostgresStorage
@@ -156,3 +156,28 @@ async def test_bad_schema_names_and_unreachable_servers_are_typed_errors() -> No
     unreachable = PostgresStorage("postgresql://127.0.0.1:1/x", connect_timeout=1)
     with pytest.raises(StorageError):
         await unreachable.open()
+
+
+def schema_exists(dsn: str, schema: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM information_schema.schemata WHERE schema_name = %s", (schema,)
+        ).fetchone()
+    return bool(row and row[0])
+
+
+async def test_an_open_that_may_not_create_refuses_a_missing_schema_and_creates_none(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    schema = pg_schemas.new_schema()
+    with pytest.raises(StorageNotFound, match="no Mycelia store"):
+        await PostgresStorage(pg_schemas.dsn, schema=schema, create=False).open()
+    assert not schema_exists(pg_schemas.dsn, schema)
+    made = await PostgresStorage(pg_schemas.dsn, schema=schema).open()
+    await made.write(WriteBatch(meta=(("k", b"v"),)))
+    await made.close()
+    reader = await PostgresStorage(pg_schemas.dsn, schema=schema, create=False).open()
+    try:
+        assert await reader.get_meta("k") == b"v"
+    finally:
+        await reader.close()

@@ -14,10 +14,10 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import IO
 
-from mycelia.errors import MyceliaError
+from mycelia.cli.files import open_store, store_to_load
+from mycelia.errors import ConfigError, MyceliaError
 from mycelia.node import Node
 from mycelia.node.server import serve
 from mycelia.storage import StorageEngine
@@ -92,15 +92,30 @@ def _data_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     _storage_flags(dump_cmd)
     dump_cmd.add_argument("out", nargs="?", default="-", help="output file ('-': stdout)")
+    dump_cmd.add_argument(
+        "--ephemeral",
+        action="store_true",
+        help="dump an ephemeral node's cache (state snapshots without their events); such "
+        "a dump loads only with 'mycelia load --ephemeral'",
+    )
     load_cmd = sub.add_parser(
         "load",
         help="load a portable dump into a store",
-        description="Read a dump written by 'mycelia dump' into a store, verifying every "
-        "event id (recomputed from the event's bytes). The store must not be open in a "
-        "running 'mycelia serve' (LMDB refuses a second opener).",
+        description="Read a dump written by 'mycelia dump' into a store, all or nothing. "
+        "Every event id is recomputed from the event's bytes, every state from its events, "
+        "every meta record is checked; a store that holds anything takes only a dump of its "
+        "own node and system, and a loaded state merges with the stored one (it never "
+        "moves back). The store must not be open in a running 'mycelia serve' (LMDB "
+        "refuses a second opener).",
     )
     load_cmd.add_argument("file", help="the dump file ('-': stdin)")
     _storage_flags(load_cmd)
+    load_cmd.add_argument(
+        "--ephemeral",
+        action="store_true",
+        help="the store is an ephemeral node's cache: accept the snapshots of an "
+        "ephemeral dump (a durable store never takes a state without its events)",
+    )
 
 
 def _storage_flags(cmd: argparse.ArgumentParser) -> None:
@@ -109,15 +124,9 @@ def _storage_flags(cmd: argparse.ArgumentParser) -> None:
 
 
 async def open_storage(data: str, postgres: str | None) -> StorageEngine:
-    """The engine the flags name (LMDB in ``data`` unless ``postgres`` is given)."""
-    if postgres:
-        from mycelia.storage.postgres import PostgresStorage  # noqa: PLC0415 - optional extra
-
-        return await PostgresStorage(postgres).open()
-    from mycelia.storage.lmdb import LmdbStorage  # noqa: PLC0415 - keeps --help fast
-
-    Path(data).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, at start-up
-    return LmdbStorage(data)
+    """The engine the flags name, writable (LMDB in ``data``, created if missing, unless
+    ``postgres`` is given). Raises ConfigError if ``data`` is a file."""
+    return await open_store(data, postgres, readonly=False)
 
 
 async def serve_command(args: argparse.Namespace) -> int:
@@ -156,7 +165,7 @@ async def inspect_command(args: argparse.Namespace) -> int:
     from mycelia.node.identity import KEY_META, NodeKey  # noqa: PLC0415
     from mycelia.node.node import ROOT_KEY  # noqa: PLC0415
 
-    storage = await open_storage(args.data, args.postgres)
+    storage = await open_store(args.data, args.postgres, readonly=True)
     try:
         key = await storage.get_meta(KEY_META)
         root = await storage.get_meta(ROOT_KEY)
@@ -178,10 +187,12 @@ async def inspect_command(args: argparse.Namespace) -> int:
 
 async def dump_command(args: argparse.Namespace) -> int:
     """``mycelia dump``: stream a store to a file."""
-    storage = await open_storage(args.data, args.postgres)
+    storage = await open_store(args.data, args.postgres, readonly=True)
     try:
         with _output(args.out) as out:
-            done = await dump_to(storage, out, progress=_progress("dumped"))
+            done = await dump_to(
+                storage, out, progress=_progress("dumped"), ephemeral=args.ephemeral
+            )
     finally:
         await storage.close()
     print(f"\ndumped {done.entities} entities, {done.events} events", file=sys.stderr)
@@ -190,12 +201,11 @@ async def dump_command(args: argparse.Namespace) -> int:
 
 async def load_command(args: argparse.Namespace) -> int:
     """``mycelia load``: load a dump into a store."""
-    storage = await open_storage(args.data, args.postgres)
-    try:
+    async with store_to_load(args.data, args.postgres) as storage:
         with _input(args.file) as source:
-            done = await load_from(source, storage, progress=_progress("loaded"))
-    finally:
-        await storage.close()
+            done = await load_from(
+                source, storage, progress=_progress("checked"), durable=not args.ephemeral
+            )
     print(f"\nloaded {done.entities} entities, {done.events} events", file=sys.stderr)
     return 0
 
@@ -249,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return asyncio.run(COMMANDS[args.command](args))
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
     except MyceliaError as exc:
         log.error("%s: %s", type(exc).__name__, exc)
         return 1

@@ -20,10 +20,11 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from mycelia.proto import NodeId
+from mycelia.storage.meta import NODE_KEY
 
 __all__ = ["KEY_META", "NodeKey", "proof_payload", "verify_proof"]
 
-KEY_META: Final = "node_key"
+KEY_META: Final = NODE_KEY
 _PROOF_TAG: Final = b"mycelia/presence-proof/1"
 
 

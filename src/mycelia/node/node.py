@@ -56,12 +56,13 @@ from mycelia.proto import (
 from mycelia.proto.event import NONCE_LENGTH
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import StorageEngine
+from mycelia.storage.meta import SYSTEM_ROOT
 
 __all__ = ["ChangeListener", "Node", "NodeStats"]
 
 log = logging.getLogger(__name__)
 
-ROOT_KEY: Final = "system_root"
+ROOT_KEY: Final = SYSTEM_ROOT
 
 
 @dataclass(frozen=True, slots=True)

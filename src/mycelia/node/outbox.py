@@ -29,11 +29,11 @@ from mycelia.proto import AdmittedEvent, EntityId, Event
 from mycelia.proto.codec import expect_bytes, expect_int, expect_list, pack, unpack
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import StorageEngine
+from mycelia.storage.meta import OUTBOX, OUTBOX_PREFIX
 
-__all__ = ["OUTBOX_PREFIX", "Outbox", "Owed"]
+__all__ = ["LEGACY_OUTBOX", "OUTBOX_PREFIX", "Outbox", "Owed"]
 
-OUTBOX_PREFIX: Final = "outbox/"
-LEGACY_OUTBOX: Final = "outbox"
+LEGACY_OUTBOX: Final = OUTBOX
 """The single record older versions kept every owed event in (migrated on load)."""
 _DIGITS: Final = 20
 

@@ -23,7 +23,11 @@ same conformance suite (:mod:`mycelia.storage.testing`):
 - every engine can stream its whole content out (:meth:`StorageEngine.dump`, entity by
   entity, events parents first, the state last) and take such a stream in
   (:meth:`StorageEngine.load`), which is how :mod:`mycelia.storage.dump` moves a store
-  between engines.
+  between engines. A load is **all or nothing**: the stream is staged outside the store
+  (:mod:`mycelia.storage.staging`) and committed in one transaction once it has been read
+  to its end, so a stream that fails part-way (a cut or forged dump) writes nothing, and
+  ``if_offset`` refuses the commit if a state was written since the loader read the
+  states it merged with.
 
 State values are stored as :func:`encode_values` bytes on the durable engines; a value
 that cannot be encoded fails the whole batch (every engine checks it, memory included).
@@ -44,7 +48,7 @@ from mycelia.errors import DecodeError, StorageCorrupt, StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId, Limits
 from mycelia.proto.codec import canonical_value, pack
 from mycelia.proto.query import Query
-from mycelia.retrieval import EntityStore, StoredState, WriteBatch
+from mycelia.retrieval import EntityStore, StoredState
 
 __all__ = [
     "STORED_LIMITS",
@@ -59,7 +63,6 @@ __all__ = [
     "encode_feed",
     "encode_values",
     "entity_records",
-    "load_records",
 ]
 
 STORED_LIMITS: Final = Limits(
@@ -243,8 +246,17 @@ class StorageEngine(EntityStore, Protocol):
         what a concurrent write adds may or may not appear."""
         ...
 
-    async def load(self, records: AsyncIterable[DumpRecord]) -> int:
-        """Write a :meth:`dump` stream (see :func:`load_records`); returns events written."""
+    async def load(
+        self, records: AsyncIterable[DumpRecord], *, if_offset: int | None = None
+    ) -> int:
+        """Write a :meth:`dump` stream **all or nothing**; returns how many events it held.
+
+        Nothing is visible until the whole stream has been read, then all of it at once. If
+        the stream raises, or the commit fails, nothing is written. ``if_offset``: the
+        feed's last offset the records were prepared against; if a state was written
+        since (the offset moved), the load raises StorageError and writes nothing. The
+        records are trusted: :func:`mycelia.storage.dump.load_from` verifies a file first.
+        """
         ...
 
     async def close(self) -> None:
@@ -265,33 +277,3 @@ def entity_records(
     records = [EntityRecord(entity_id, s, None) for s in slices[:-1]]
     records.append(EntityRecord(entity_id, slices[-1], state))
     return records
-
-
-async def load_records(
-    store: EntityStore, records: AsyncIterable[DumpRecord], *, batch_events: int = 1000
-) -> int:
-    """Write dump records to ``store`` in batches of about ``batch_events`` events.
-
-    Each state is written in the same batch as (or after) the last of its entity's events,
-    so a crash mid-load never leaves a state whose head names a missing event; re-running
-    a load is harmless (events are idempotent, states are overwritten). Returns how many
-    events the records held.
-    """
-    events: list[AdmittedEvent] = []
-    states: list[StoredState] = []
-    meta: list[tuple[str, bytes | None]] = []
-    total = 0
-    async for record in records:
-        if isinstance(record, MetaRecord):
-            meta.append((record.key, record.value))
-            continue
-        events.extend(record.events)
-        total += len(record.events)
-        if record.state is not None:
-            states.append(record.state)
-        if len(events) >= batch_events or len(states) >= batch_events:
-            await store.write(WriteBatch(tuple(events), tuple(states), tuple(meta)))
-            events, states, meta = [], [], []
-    if events or states or meta:
-        await store.write(WriteBatch(tuple(events), tuple(states), tuple(meta)))
-    return total

@@ -27,7 +27,14 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Mapping
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterator,
+    Mapping,
+)
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeVar
 
@@ -46,7 +53,6 @@ from mycelia.storage.engine import (
     MetaRecord,
     decode_feed,
     entity_records,
-    load_records,
 )
 from mycelia.storage.lmdb_format import (
     FORMAT_VERSION,
@@ -61,8 +67,16 @@ from mycelia.storage.lmdb_format import (
     translate,
 )
 from mycelia.storage.lmdb_index import OverBudget, build_index, fetch_in
-from mycelia.storage.lmdb_writer import Writer, encode_batch
+from mycelia.storage.lmdb_writer import (
+    Encoded,
+    Staged,
+    Writer,
+    encode_batch,
+    pack_encoded,
+    unpack_encoded,
+)
 from mycelia.storage.plan import check_bound, plan_query
+from mycelia.storage.staging import Spill, load_batches
 
 __all__ = ["DEFAULT_MAP_SIZE", "FORMAT_VERSION", "LARGE_READ", "LmdbStorage"]
 
@@ -119,7 +133,7 @@ class LmdbStorage:
             self._dbs = open_databases(self._env, self.path, readonly=readonly, migrate=build_index)
             last = last_feed_offset(self._env, self._dbs)
         except BaseException:
-            os.close(self._lock_fd)
+            self._unlock()
             raise
         self._news = FeedSignal()
         self._writer = Writer(
@@ -356,9 +370,26 @@ class LmdbStorage:
         raw = self._read(lambda txn: txn.get(entity_id, db=self._dbs[b"states"]))
         return entity_records(entity_id, events, None if raw is None else stored(raw))
 
-    async def load(self, records: AsyncIterable[DumpRecord]) -> int:
-        """Write a dump stream; returns how many events it held."""
-        return await load_records(self, records)
+    async def load(
+        self, records: AsyncIterable[DumpRecord], *, if_offset: int | None = None
+    ) -> int:
+        """Write a dump stream all or nothing; returns how many events it held.
+
+        The encoded batches are staged in an unlinked file in the store's directory, then
+        committed by the writer in one transaction (see :mod:`.lmdb_writer`).
+        """
+        self._check_writable()
+        total = 0
+        with Spill(self.path) as spill:
+            async for batch in load_batches(records):
+                total += len(batch.events)
+                await asyncio.to_thread(spill.append, pack_encoded(encode_batch(batch)))
+
+            def batches() -> Iterator[Encoded]:  # re-read from the start on each call
+                return map(unpack_encoded, spill.items())
+
+            await self._writer.submit(Staged(batches, if_offset))
+        return total
 
     # ------------------------------------------------------------------ writes
 
@@ -368,10 +399,7 @@ class LmdbStorage:
         Raises StorageError (StorageReadOnly on a read-only store) and writes nothing on
         failure. A cancelled caller does not retract its batch: it may still commit.
         """
-        if self._closed:
-            raise StorageError(f"this LmdbStorage ({self.path}) is closed")
-        if self.readonly:
-            raise StorageReadOnly(f"{self.path} was opened read-only")
+        self._check_writable()
         encoded = encode_batch(batch)
         if not encoded:
             return WriteResult(frozenset(), ())
@@ -380,6 +408,12 @@ class LmdbStorage:
         result = await self._writer.submit(encoded)
         self._remember(batch.events)
         return result
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StorageError(f"this LmdbStorage ({self.path}) is closed")
+        if self.readonly:
+            raise StorageReadOnly(f"{self.path} was opened read-only")
 
     def _unremember(self, entities: frozenset[EntityId]) -> None:
         """Let go of the recent events of entities a write forgets (before it commits, so
@@ -414,4 +448,9 @@ class LmdbStorage:
         with self._gate.exclusive():
             self._drop_snapshot()
             self._env.close()
-        os.close(self._lock_fd)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None

@@ -24,7 +24,17 @@ Invariants:
   ``by_field``) is migrated to 2 by a writable open, in one write transaction that builds
   the field index from the stored states; a read-only open of version 1 is refused.
 - A process holds ``mycelia.lock`` (``flock``) while the store is open, so a second opener
-  gets :class:`~mycelia.errors.StorageLocked` at once; the lock dies with the process.
+  gets :class:`~mycelia.errors.StorageLocked` at once; the lock dies with the process. A
+  read-only open takes it shared, and creates nothing: on a store directory that holds
+  only ``data.mdb`` (a backup) it opens without the lock files.
+- **Nothing is mapped unchecked** (:func:`check_data_file`): before LMDB maps
+  ``data.mdb``, its two meta pages are read with plain reads, and a file shorter than the
+  pages the newest meta page says are in use is refused with
+  :class:`~mycelia.errors.StorageCorrupt` (mapping it would kill the process with SIGBUS
+  on the first read past the end). A zero-length ``data.mdb`` is refused too: LMDB writes
+  its meta pages when it creates a file, so an empty one is a damaged store, not a new
+  one. A missing path, or one that is a file, is
+  :class:`~mycelia.errors.StorageNotFound` (a read-only open never creates a store).
 - Stored events are re-hashed on read; content that does not match its key, or does not
   decode, raises :class:`~mycelia.errors.StorageCorrupt`.
 """
@@ -35,6 +45,7 @@ import errno
 import fcntl
 import logging
 import os
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,7 +54,14 @@ from typing import TYPE_CHECKING, Final
 
 import lmdb
 
-from mycelia.errors import DecodeError, StorageCorrupt, StorageError, StorageLocked, StorageReadOnly
+from mycelia.errors import (
+    DecodeError,
+    StorageCorrupt,
+    StorageError,
+    StorageLocked,
+    StorageNotFound,
+    StorageReadOnly,
+)
 from mycelia.proto import AdmittedEvent, EntityState, Event, EventId
 from mycelia.retrieval import StoredState
 from mycelia.storage.engine import STORED_LIMITS, decode_values
@@ -57,6 +75,7 @@ __all__ = [
     "Databases",
     "Gate",
     "admitted",
+    "check_data_file",
     "last_feed_offset",
     "open_databases",
     "open_env",
@@ -130,14 +149,30 @@ def translate(exc: BaseException, what: str) -> StorageError:
     return StorageError(f"{what}: {exc}")
 
 
-def take_lock(path: Path, *, readonly: bool) -> int:
-    """Open and ``flock`` ``path/mycelia.lock``; returns the descriptor (the caller closes)."""
+def take_lock(path: Path, *, readonly: bool) -> int | None:
+    """Open and ``flock`` ``path/mycelia.lock``; returns the descriptor (the caller closes).
+
+    A read-only open takes the lock shared and creates nothing: if the lock file is missing
+    (a backup of ``data.mdb`` alone) it returns None, and no writer holds the store then
+    (a writer creates the file before anything else). Raises StorageNotFound for a missing
+    path (read-only) or a path that is a file, StorageLocked if a writer holds the store.
+    """
+    if path.exists() and not path.is_dir():
+        raise StorageNotFound(f"{path} is a file, not a store directory: give a directory")
+    if readonly and not (path / "data.mdb").exists():
+        raise StorageNotFound(
+            f"there is no store in {path} (no data.mdb): give the data directory of a store"
+        )
     try:
         if not readonly:
             path.mkdir(parents=True, exist_ok=True)
         fd = os.open(
             path / "mycelia.lock", os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT, 0o644
         )
+    except FileNotFoundError:
+        if readonly:
+            return None
+        raise StorageNotFound(f"cannot create a store in {path}: a parent is missing") from None
     except OSError as exc:
         raise translate(exc, f"cannot open {path}") from exc
     try:
@@ -148,15 +183,99 @@ def take_lock(path: Path, *, readonly: bool) -> int:
     return fd
 
 
+_META: Final = struct.Struct("<II8xQIH2x40x48xQQ")
+"""An LMDB 0.9 meta page (64-bit) after its 16-byte page header: magic, version,
+(address), mapsize, the free database's ``md_pad`` (which holds the page size) and
+``md_flags``, (the rest of both database records), ``mm_last_pg`` and ``mm_txnid``."""
+_PAGE_HEADER: Final = 16
+_MAGIC: Final = 0xBEEFC0DE
+_DATA_VERSION: Final = 1
+
+
+def check_data_file(path: Path) -> None:
+    """Refuse a ``data.mdb`` that LMDB cannot map safely (see the module docstring).
+
+    Reads the two meta pages with plain reads (never through a map); a missing file is a
+    new store and passes. Raises StorageCorrupt for an empty or cut file, a meta page that
+    is not LMDB's, or meta pages whose used size exceeds their own map size.
+    """
+    data = path / "data.mdb"
+    try:
+        with data.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            first = f.read(_PAGE_HEADER + _META.size)
+            page = _page_size(data, first, size)
+            f.seek(page)
+            second = f.read(_PAGE_HEADER + _META.size)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise translate(exc, f"cannot read {data}") from exc
+    metas = [_meta(data, raw, size) for raw in (first, second)]
+    mapsize, last_page = max(metas, key=lambda m: m[2])[:2]  # LMDB uses the newest
+    used = (last_page + 1) * page
+    if size < used:
+        raise StorageCorrupt(
+            f"{data} is cut short: it has {size} bytes but its pages in use end at {used} "
+            "(a full disk or an interrupted copy?); restore the store from a backup or a "
+            "dump, as opening it would read past its end"
+        )
+    if mapsize < used:
+        raise StorageCorrupt(
+            f"{data} is damaged: its meta page claims a map of {mapsize} bytes, smaller "
+            f"than the {used} bytes of pages it uses"
+        )
+
+
+def _page_size(data: Path, first: bytes, size: int) -> int:
+    if size == 0:
+        raise StorageCorrupt(
+            f"{data} is empty: a store's file always holds its meta pages, so this one was "
+            "cut (a full disk?) or never finished; restore it from a backup or a dump, or "
+            "delete the directory to start a new, empty store"
+        )
+    if len(first) < _PAGE_HEADER + _META.size:
+        raise StorageCorrupt(f"{data} is cut short: {size} bytes hold no LMDB meta page")
+    page: int = _META.unpack_from(first, _PAGE_HEADER)[3]
+    if page < 512 or page > 1 << 16 or page & (page - 1):
+        raise StorageCorrupt(f"{data} is not an LMDB file (page size {page})")
+    if size < 2 * page:
+        raise StorageCorrupt(
+            f"{data} is cut short: {size} bytes cannot hold its two meta pages of {page}"
+        )
+    return page
+
+
+def _meta(data: Path, raw: bytes, size: int) -> tuple[int, int, int]:
+    """(mapsize, last page, txnid) of one meta page; raises StorageCorrupt."""
+    if len(raw) < _PAGE_HEADER + _META.size:
+        raise StorageCorrupt(f"{data} is cut short: {size} bytes hold no second meta page")
+    magic, version, mapsize, _, _, last_page, txnid = _META.unpack_from(raw, _PAGE_HEADER)
+    if magic != _MAGIC or version != _DATA_VERSION:
+        raise StorageCorrupt(
+            f"{data} is not an LMDB {_DATA_VERSION} file, or its meta page is damaged "
+            f"(magic {magic:#x}, version {version})"
+        )
+    return mapsize, last_page, txnid
+
+
 def open_env(
     path: Path, *, map_size: int, max_readers: int, readonly: bool, durable: bool
 ) -> lmdb.Environment:
-    """The LMDB environment at ``path``; raises a StorageError subclass."""
+    """The LMDB environment at ``path``, after :func:`check_data_file`; raises a
+    StorageError subclass.
+
+    A read-only open uses LMDB's reader table (``lock.mdb``) only if that file exists and
+    can be written; otherwise (a backup, a read-only copy) it opens without it, which is
+    safe because the shared ``mycelia.lock`` keeps writers out.
+    """
+    check_data_file(path)
+    lock = not readonly or os.access(path / "lock.mdb", os.W_OK)
     try:
         return lmdb.open(
             str(path), map_size=map_size, max_dbs=len(NAMES), readonly=readonly,
             sync=durable, metasync=durable, readahead=False, max_readers=max_readers,
-            create=not readonly,
+            create=not readonly, lock=lock,
         )  # fmt: skip
     except (lmdb.Error, OSError) as exc:
         raise translate(exc, f"cannot open {path}") from exc

@@ -19,6 +19,10 @@ Invariants:
 - **Map size** grows on demand: a transaction that hits ``MapFullError`` is aborted, the map
   is doubled while no read transaction is open (the :class:`Gate` taken exclusively) and
   the transaction is retried.
+- **A load is one transaction** (:class:`Staged`): its batches are read back from the
+  load's staging file inside one write transaction (again after a map growth), after
+  checking that the feed is still at the offset the load was prepared against; so a load
+  is visible whole or not at all.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ import asyncio
 import logging
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import lmdb
 
@@ -40,11 +45,20 @@ from mycelia.retrieval import WriteBatch, WriteResult
 from mycelia.storage.engine import FeedSignal, encode_feed, encode_values
 from mycelia.storage.lmdb_format import Databases, Gate, stored_state, translate
 from mycelia.storage.lmdb_index import entry_keys, reindex
+from mycelia.storage.staging import stale_load
 
 if TYPE_CHECKING:
     Txn = lmdb.Transaction[bytes]
 
-__all__ = ["MAX_GROUP", "Encoded", "Writer", "encode_batch"]
+__all__ = [
+    "MAX_GROUP",
+    "Encoded",
+    "Staged",
+    "Writer",
+    "encode_batch",
+    "pack_encoded",
+    "unpack_encoded",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +91,19 @@ class Encoded:
         return bool(self.events or self.states or self.meta or self.forget)
 
 
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A load: encoded batches read back from its staging file, committed as one."""
+
+    batches: Callable[[], Iterator[Encoded]]
+    """Every batch of the load, from the start (called again after a map growth)."""
+    if_offset: int | None
+    """The feed offset the load was prepared against (None: any)."""
+
+
 @dataclass(slots=True)
 class _Request:
-    batch: Encoded
+    batch: Encoded | Staged
     future: asyncio.Future[WriteResult]
     loop: asyncio.AbstractEventLoop
 
@@ -107,6 +131,29 @@ def encode_batch(batch: WriteBatch) -> Encoded:
         states.append(EncodedState(entity, value, state.collection, feed, index))
     meta = tuple((k.encode(), v) for k, v in batch.meta)
     return Encoded(events, tuple(states), meta, tuple(bytes(e) for e in batch.forget))
+
+
+def pack_encoded(batch: Encoded) -> list[object]:
+    """``batch`` as msgpack-ready lists (for a load's staging file)."""
+    states = [[s.key, s.value, s.collection, s.feed, sorted(s.index)] for s in batch.states]
+    return [
+        [list(e) for e in batch.events],
+        states,
+        [list(m) for m in batch.meta],
+        list(batch.forget),
+    ]
+
+
+def unpack_encoded(item: object) -> Encoded:
+    """Undo :func:`pack_encoded`. The staging file is this process's own, written moments
+    ago, so its shapes are trusted."""
+    events, states, meta, forget = cast("list[list[Any]]", item)
+    return Encoded(
+        tuple((EventId._trusted(i), k, v) for i, k, v in events),
+        tuple(EncodedState(k, v, c, f, frozenset(ix)) for k, v, c, f, ix in states),
+        tuple((k, v) for k, v in meta),
+        tuple(forget),
+    )
 
 
 class Writer:
@@ -141,7 +188,7 @@ class Writer:
         )
         self._thread.start()
 
-    async def submit(self, batch: Encoded) -> WriteResult:
+    async def submit(self, batch: Encoded | Staged) -> WriteResult:
         """Queue ``batch``; returns once its transaction has committed (raises if it failed)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[WriteResult] = loop.create_future()
@@ -197,13 +244,13 @@ class Writer:
                 loop.call_soon_threadsafe(_resolve, items)
         self.news.notify()
 
-    def _one(self, batch: Encoded) -> WriteResult | BaseException:
+    def _one(self, batch: Encoded | Staged) -> WriteResult | BaseException:
         try:
             return self._transaction([batch])[0]
         except Exception as exc:  # noqa: BLE001 - reported to the batch's caller
             return translate(exc, "write failed")
 
-    def _transaction(self, batches: list[Encoded]) -> list[WriteResult]:
+    def _transaction(self, batches: list[Encoded | Staged]) -> list[WriteResult]:
         """Commit ``batches`` in one transaction, growing the map as needed."""
         while True:
             offset = self.last_offset
@@ -211,7 +258,10 @@ class Writer:
                 with self.env.begin(write=True) as txn:
                     results = []
                     for batch in batches:
-                        result, offset = self._put(txn, batch, offset)
+                        if isinstance(batch, Staged):
+                            result, offset = self._put_staged(txn, batch, offset)
+                        else:
+                            result, offset = self._put(txn, batch, offset)
                         results.append(result)
             except lmdb.MapFullError:
                 self._grow()
@@ -247,6 +297,17 @@ class Writer:
                 txn.delete(name, db=dbs[b"meta"])
             else:
                 txn.put(name, content, db=dbs[b"meta"])
+        return WriteResult(frozenset(new), tuple(offsets)), offset
+
+    def _put_staged(self, txn: Txn, load: Staged, offset: int) -> tuple[WriteResult, int]:
+        if load.if_offset is not None and offset != load.if_offset:
+            raise stale_load(load.if_offset, offset)
+        new: set[EventId] = set()
+        offsets: list[int] = []
+        for batch in load.batches():
+            result, offset = self._put(txn, batch, offset)
+            new |= result.new_events
+            offsets.extend(result.offsets)
         return WriteResult(frozenset(new), tuple(offsets)), offset
 
     def _forget(self, txn: Txn, entity: bytes) -> None:

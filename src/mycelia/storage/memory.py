@@ -22,8 +22,8 @@ from mycelia.storage.engine import (
     MetaRecord,
     encode_values,
     entity_records,
-    load_records,
 )
+from mycelia.storage.staging import load_batches, stale_load
 
 __all__ = ["MemoryStorage"]
 
@@ -173,9 +173,23 @@ class MemoryStorage:
             for record in entity_records(entity_id, events, self._states.get(entity_id)):
                 yield record
 
-    async def load(self, records: AsyncIterable[DumpRecord]) -> int:
-        """Write a dump stream; returns how many events it held."""
-        return await load_records(self, records)
+    async def load(
+        self, records: AsyncIterable[DumpRecord], *, if_offset: int | None = None
+    ) -> int:
+        """Write a dump stream all or nothing (staged in memory, then one write batch);
+        returns how many events it held."""
+        self._check_open()
+        events: list[AdmittedEvent] = []
+        states: list[StoredState] = []
+        meta: list[tuple[str, bytes | None]] = []
+        async for batch in load_batches(records):
+            events.extend(batch.events)
+            states.extend(batch.states)
+            meta.extend(batch.meta)
+        if if_offset is not None and len(self._feed) != if_offset:
+            raise stale_load(if_offset, len(self._feed))
+        await self.write(WriteBatch(tuple(events), tuple(states), tuple(meta)))
+        return len(events)
 
     async def close(self) -> None:
         """Drop everything."""

@@ -2,7 +2,10 @@
 
 Opening: ``storage = await PostgresStorage(dsn).open()``. An engine that is used before
 ``open()`` opens itself on first use, so ``await Node.open(PostgresStorage(dsn), ...)``
-works too (the first call then pays for connecting and migrating).
+works too (the first call then pays for connecting and migrating). With ``create=False``
+the schema must already exist at this version: nothing is created or migrated
+(StorageNotFound, StorageReadOnly otherwise), which is how ``mycelia inspect`` and
+``dump`` open it.
 
 Schema (all tables in the PostgreSQL schema named by ``schema=``, default ``mycelia``):
 
@@ -57,13 +60,13 @@ import logging
 import re
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from mycelia.errors import StorageCorrupt, StorageError, StorageReadOnly
+from mycelia.errors import StorageCorrupt, StorageError, StorageNotFound, StorageReadOnly
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
 from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
@@ -73,7 +76,6 @@ from mycelia.storage.engine import (
     MetaRecord,
     decode_values,
     entity_records,
-    load_records,
 )
 from mycelia.storage.plan import IndexPlan, check_bound, index_entries, plan_query
 from mycelia.storage.postgres_sql import (
@@ -92,6 +94,7 @@ from mycelia.storage.postgres_sql import (
     sorted_states,
     state_rows,
 )
+from mycelia.storage.staging import Spill, load_batches, stale_load
 
 __all__ = ["SCHEMA_VERSION", "PostgresStorage"]
 
@@ -110,6 +113,17 @@ def _translate(exc: Exception, what: str) -> StorageError:
     return StorageError(f"{what}: {exc}")
 
 
+def _event_columns(events: Sequence[AdmittedEvent]) -> list[list[Any]]:
+    """The ``insert_events`` parameters: one array per column."""
+    return [
+        [bytes(e.id) for e in events],
+        [bytes(e.entity_id) for e in events],
+        [e.generation for e in events],
+        [b"".join(e.parent.ids) for e in events],
+        [e.event.to_bytes() for e in events],
+    ]
+
+
 class PostgresStorage:
     """The PostgreSQL engine; ``await PostgresStorage(dsn).open()`` (see the module docstring)."""
 
@@ -123,6 +137,7 @@ class PostgresStorage:
         poll_interval: float = 1.0,
         connect_timeout: float = 30.0,
         listen: bool = True,
+        create: bool = True,
     ) -> None:
         if not _SCHEMA_NAME.match(schema):
             raise StorageError(f"schema must match {_SCHEMA_NAME.pattern}, not {schema!r}")
@@ -132,6 +147,7 @@ class PostgresStorage:
         self._sizes = (min_connections, max_connections)
         self._poll = poll_interval
         self._listen_enabled = listen
+        self._create = create
         self._connect_timeout = connect_timeout
         self._q = {k: sql.SQL(v).format(s=sql.Identifier(schema)) for k, v in QUERIES.items()}
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -158,7 +174,7 @@ class PostgresStorage:
             )  # fmt: skip
             try:
                 await pool.open(wait=True, timeout=self._connect_timeout)
-                await self._migrate(pool)
+                await (self._migrate(pool) if self._create else self._check_schema(pool))
             except (psycopg.Error, PoolTimeout) as exc:
                 await pool.close()
                 raise _translate(exc, f"cannot open PostgreSQL schema {self.schema}") from exc
@@ -206,6 +222,32 @@ class PostgresStorage:
                     sql.SQL("INSERT INTO {}.version VALUES (%s)").format(s), (version,)
                 )
                 log.info("migrated PostgreSQL schema %s to version %d", self.schema, version)
+
+    async def _check_schema(self, pool: AsyncConnectionPool[Any]) -> None:
+        """``create=False``: the schema must exist at this version; nothing is created."""
+        async with pool.connection() as conn:
+            found = await (
+                await conn.execute(
+                    "SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".version',)
+                )
+            ).fetchone()
+            if not (found and found[0]):
+                raise StorageNotFound(
+                    f"there is no Mycelia store in PostgreSQL schema {self.schema}: "
+                    "give the schema of a store (nothing was created)"
+                )
+            row = await (
+                await conn.execute(
+                    sql.SQL("SELECT max(version) FROM {}.version").format(
+                        sql.Identifier(self.schema)
+                    )
+                )
+            ).fetchone()
+        if (row[0] if row else None) != SCHEMA_VERSION:
+            raise StorageReadOnly(
+                f"schema {self.schema} is at version {row[0] if row else None}, not "
+                f"{SCHEMA_VERSION}: open it writable once to migrate it"
+            )
 
     async def _index_every_state(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Fill ``field_keys`` from the stored states (the data step of migration 2)."""
@@ -414,9 +456,44 @@ class PostgresStorage:
                     yield record
             after = bytes(rows[-1][0])
 
-    async def load(self, records: AsyncIterable[DumpRecord]) -> int:
-        """Write a dump stream; returns how many events it held."""
-        return await load_records(self, records)
+    async def load(
+        self, records: AsyncIterable[DumpRecord], *, if_offset: int | None = None
+    ) -> int:
+        """Write a dump stream all or nothing; returns how many events it held.
+
+        The rows are staged in an unlinked temporary file while the stream is read (no
+        transaction is open meanwhile), then written in **one transaction** that first
+        locks the feed clock and checks ``if_offset`` (see the module docstring).
+        """
+        total = 0
+        with Spill() as spill:
+            async for batch in load_batches(records):
+                total += len(batch.events)
+                staged = [_event_columns(batch.events), state_rows(batch), list(batch.meta)]
+                await asyncio.to_thread(spill.append, staged)
+            pool = await self._ready()
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    await self._lock_feed(conn, if_offset)
+                    for item in spill.items():
+                        events, states, meta = cast("list[Any]", item)
+                        if events[0]:
+                            await conn.execute(self._q["insert_events"], events)
+                        await self._insert_states(conn, states)
+                        await self._write_meta(conn, meta)
+            except (psycopg.Error, PoolTimeout) as exc:
+                raise _translate(exc, "PostgreSQL load failed") from exc
+        self._wake()
+        return total
+
+    async def _lock_feed(self, conn: psycopg.AsyncConnection[Any], if_offset: int | None) -> None:
+        """Take the feed clock's row lock (held to commit: no state is written meanwhile)
+        and refuse the load if the feed moved since ``if_offset``."""
+        cursor = await conn.execute(self._q["lock_clock"])
+        row = await cursor.fetchone()
+        assert row is not None
+        if if_offset is not None and int(row[0]) != if_offset:
+            raise stale_load(if_offset, int(row[0]))
 
     # ------------------------------------------------------------------ writes
 
@@ -445,14 +522,7 @@ class PostgresStorage:
     ) -> frozenset[EventId]:
         if not events:
             return frozenset()
-        columns = (
-            [bytes(e.id) for e in events],
-            [bytes(e.entity_id) for e in events],
-            [e.generation for e in events],
-            [b"".join(e.parent.ids) for e in events],
-            [e.event.to_bytes() for e in events],
-        )
-        cursor = await conn.execute(self._q["insert_events"], columns)
+        cursor = await conn.execute(self._q["insert_events"], _event_columns(events))
         return frozenset(EventId._trusted(r[0]) for r in await cursor.fetchall())
 
     async def _insert_states(

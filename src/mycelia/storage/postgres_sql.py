@@ -126,6 +126,7 @@ _STATEMENTS: Final = {
     "feed": """SELECT "offset", entity_id, collection, head FROM {s}.feed
         WHERE "offset" > %s ORDER BY "offset" LIMIT %s""",
     "last": "SELECT last FROM {s}.feed_clock",
+    "lock_clock": "SELECT last FROM {s}.feed_clock WHERE id = 1 FOR UPDATE",
     "meta": "SELECT value FROM {s}.meta WHERE key = %s",
     "all_meta": "SELECT key, value FROM {s}.meta ORDER BY key",
     "entities": """SELECT entity_id FROM (

@@ -36,11 +36,20 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mycelia.errors import StorageError
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EventId
+from mycelia.proto import AdmittedEvent, Clock, EntityId
 from mycelia.proto.query import Query, parse
 from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage.engine import DumpRecord, EntityRecord, MetaRecord, StorageEngine
-from mycelia.storage.testing_data import History, genesis, state_of, update
+from mycelia.storage.testing_data import (
+    History,
+    engine_content,
+    event_key,
+    genesis,
+    state_key,
+    state_of,
+    update,
+)
+from mycelia.storage.testing_load import check_load_all_or_nothing
 from mycelia.storage.testing_queries import check_fetch_on, fetch_matches_scan, fetch_queries
 
 __all__ = [
@@ -72,29 +81,6 @@ class EngineSpec:
 
 
 Check = Callable[[EngineSpec], Awaitable[None]]
-
-
-def _key(event: AdmittedEvent) -> tuple[EventId, int, bytes]:
-    return event.id, event.generation, event.to_bytes()
-
-
-def _state_key(stored: StoredState | None) -> tuple[bytes, dict[str, object]] | None:
-    return None if stored is None else (stored.state.to_bytes(), dict(stored.values))
-
-
-async def engine_content(engine: StorageEngine) -> list[object]:
-    """Everything an engine holds, in a comparable form (dump, feed, last offset)."""
-    content: list[object] = []
-    async for record in engine.dump():
-        if isinstance(record, MetaRecord):
-            content.append(("meta", record.key, record.value))
-        else:
-            events = [_key(e) for e in record.events]
-            content.append(("entity", record.entity_id, events, _state_key(record.state)))
-    feed = await engine.read_since(0, limit=1 << 30)
-    content.append(("feed", [(f.offset, f.entity_id, f.collection, f.head) for f in feed]))
-    content.append(("last", await engine.last_offset()))
-    return content
 
 
 async def _with_engine(spec: EngineSpec, body: Callable[[StorageEngine], Awaitable[None]]) -> None:
@@ -133,11 +119,11 @@ async def check_events_by_id_and_entity(spec: EngineSpec) -> None:
         unknown = genesis(n=99).id
         found = await engine.get_events([h.m.id, h.g.id, unknown])
         assert set(found) == {h.m.id, h.g.id}, f"{spec.name}: wrong ids found"
-        assert _key(found[h.m.id]) == _key(h.m), f"{spec.name}: event changed in storage"
+        assert event_key(found[h.m.id]) == event_key(h.m), f"{spec.name}: event changed in storage"
         assert await engine.event_stored(h.c.id), f"{spec.name}: stored event not stored"
         assert not await engine.event_stored(unknown), f"{spec.name}: unknown event stored"
-        got = [_key(e) for e in await engine.events_of(h.entity_id)]
-        assert got == [_key(e) for e in h.events], f"{spec.name}: events_of not parents first"
+        got = [event_key(e) for e in await engine.events_of(h.entity_id)]
+        assert got == [event_key(e) for e in h.events], f"{spec.name}: events_of not parents first"
         assert await engine.events_of(genesis(n=98).entity_id) == [], f"{spec.name}: unknown"
         assert await engine.get_state(h.entity_id) is None, f"{spec.name}: state from nowhere"
 
@@ -160,8 +146,8 @@ async def check_states(spec: EngineSpec) -> None:
         assert await engine.get_state(genesis(n=97).entity_id) is None, f"{spec.name}: unknown"
         states = await engine.get_states([h.entity_id, genesis(n=97).entity_id])
         assert set(states) == {h.entity_id}, f"{spec.name}: get_states"
-        scanned = [_state_key(s) for s in await engine.scan("items")]
-        assert scanned == [_state_key(view)], f"{spec.name}: scan of items: {scanned}"
+        scanned = [state_key(s) for s in await engine.scan("items")]
+        assert scanned == [state_key(view)], f"{spec.name}: scan of items: {scanned}"
         assert [s.state.entity_id for s in await engine.scan("others")] == [other.entity_id]
         assert await engine.scan("nothing") == [], f"{spec.name}: scan of an empty collection"
 
@@ -300,8 +286,10 @@ async def check_forget(spec: EngineSpec) -> None:
         again = WriteBatch((h.g, h.b), (state_of([h.b], {"k": 2}),), forget=(h.entity_id,))
         result = await engine.write(again)
         assert result.new_events == {h.g.id, h.b.id}, f"{spec.name}: re-added events not new"
-        got = [_key(e) for e in await engine.events_of(h.entity_id)]
-        assert got == [_key(h.g), _key(h.b)], f"{spec.name}: write after forget in one batch"
+        got = [event_key(e) for e in await engine.events_of(h.entity_id)]
+        assert got == [event_key(h.g), event_key(h.b)], (
+            f"{spec.name}: write after forget in one batch"
+        )
         fetched = await engine.fetch("items", parse("k = 2"))
         assert [s.state.entity_id for s in fetched] == [h.entity_id], f"{spec.name}: reindexed"
 
@@ -413,6 +401,7 @@ CHECKS: dict[str, Check] = {
     "forget": check_forget,
     "read_ahead": check_read_ahead,
     "dump_load": check_dump_load,
+    "load_all_or_nothing": check_load_all_or_nothing,
     "reopen": check_reopen,
     "closed": check_closed,
     "fetch": check_fetch,

@@ -1,7 +1,8 @@
 """Deterministic building blocks for the storage conformance suite (ARCHITECTURE.md §6).
 
 Events, one entity's small DAG (:class:`History`) and stored states, all deterministic: the
-same arguments give byte-identical events, so engines driven with them can be compared.
+same arguments give byte-identical events, so engines driven with them can be compared
+(:func:`engine_content` puts everything an engine holds in a comparable form).
 Re-exported by :mod:`mycelia.storage.testing`.
 """
 
@@ -10,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, State
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId, State
 from mycelia.retrieval import StoredState
+from mycelia.storage.engine import MetaRecord, StorageEngine
 
-__all__ = ["History", "genesis", "state_of", "update"]
+__all__ = ["History", "engine_content", "event_key", "genesis", "state_key", "state_of", "update"]
 
 
 def genesis(collection: str = "items", n: int = 0) -> AdmittedEvent:
@@ -78,3 +80,28 @@ class History:
     def entity_id(self) -> EntityId:
         """The entity's id."""
         return self.g.entity_id
+
+
+def event_key(event: AdmittedEvent) -> tuple[EventId, int, bytes]:
+    """An event in a comparable form (id, generation, canonical bytes)."""
+    return event.id, event.generation, event.to_bytes()
+
+
+def state_key(stored: StoredState | None) -> tuple[bytes, dict[str, object]] | None:
+    """A stored state in a comparable form (state bytes, values)."""
+    return None if stored is None else (stored.state.to_bytes(), dict(stored.values))
+
+
+async def engine_content(engine: StorageEngine) -> list[object]:
+    """Everything an engine holds, in a comparable form (dump, feed, last offset)."""
+    content: list[object] = []
+    async for record in engine.dump():
+        if isinstance(record, MetaRecord):
+            content.append(("meta", record.key, record.value))
+        else:
+            events = [event_key(e) for e in record.events]
+            content.append(("entity", record.entity_id, events, state_key(record.state)))
+    feed = await engine.read_since(0, limit=1 << 30)
+    content.append(("feed", [(f.offset, f.entity_id, f.collection, f.head) for f in feed]))
+    content.append(("last", await engine.last_offset()))
+    return content
