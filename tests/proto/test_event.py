@@ -172,14 +172,22 @@ def test_expecting_a_different_id_raises_id_mismatch() -> None:
 @pytest.mark.parametrize("name", ["", "has space", "1starts-with-digit", "x" * 65, "ü"])
 def test_invalid_collection_names_are_refused(name: str) -> None:
     with pytest.raises(InvalidArgument):
-        Event.genesis(collection=name, system=None)
+        Event.genesis(collection=name, system=None, nonce=bytes(16))
 
 
 def test_oversized_operations_are_refused_on_both_paths() -> None:
     limits = Limits(max_operation_bytes=10)
     with pytest.raises(InvalidArgument, match="limit"):
-        Event.genesis(collection="c", system=None, operations={"lww": [b"x" * 11]}, limits=limits)
-    big = Event.genesis(collection="c", system=None, operations={"lww": [b"x" * 11]})
+        Event.genesis(
+            collection="c",
+            system=None,
+            operations={"lww": [b"x" * 11]},
+            nonce=bytes(16),
+            limits=limits,
+        )
+    big = Event.genesis(
+        collection="c", system=None, operations={"lww": [b"x" * 11]}, nonce=bytes(16)
+    )
     with pytest.raises(PayloadTooLarge):
         Event.from_bytes(big.to_bytes(), limits=limits)
 
@@ -202,11 +210,19 @@ def test_too_many_parents_are_refused() -> None:
         Event.from_bytes(ok.to_bytes(), limits=limits)
 
 
-def test_identical_payloads_make_distinct_entities() -> None:
-    a = Event.genesis(collection="c", system=None, operations={"lww": [b"same"]})
-    b = Event.genesis(collection="c", system=None, operations={"lww": [b"same"]})
+def test_identical_payloads_with_distinct_nonces_make_distinct_entities() -> None:
+    a = Event.genesis(collection="c", system=None, operations={"lww": [b"same"]}, nonce=bytes(16))
+    b = Event.genesis(
+        collection="c", system=None, operations={"lww": [b"same"]}, nonce=b"\x01" * 16
+    )
     assert a.entity_id != b.entity_id
     assert a.operations == b.operations
+
+
+@pytest.mark.parametrize("length", [0, 15, 17])
+def test_a_genesis_nonce_of_the_wrong_length_is_refused(length: int) -> None:
+    with pytest.raises(InvalidArgument, match="nonce"):
+        Event.genesis(collection="c", system=None, nonce=bytes(length))
 
 
 def test_repeated_backends_are_merged_in_order_and_empty_ones_dropped() -> None:

@@ -26,7 +26,6 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -149,15 +148,16 @@ class Event(NamedTuple):
         collection: str,
         system: EntityId | None,
         operations: Mapping[str, Sequence[bytes]] | Iterable[tuple[str, Sequence[bytes]]] = (),
-        nonce: bytes | None = None,
+        nonce: bytes,
         limits: Limits = DEFAULT_LIMITS,
     ) -> Event:
         """A new genesis; its id (and the entity's) derives from the content and ``nonce``.
 
-        ``nonce`` defaults to fresh random bytes, so identical payloads make two entities.
-        Raises InvalidArgument for a bad collection name, nonce or oversized operations.
+        ``nonce`` (:data:`NONCE_LENGTH` bytes) comes from the caller's entropy — a node's
+        injected ``rng`` or the OS (this layer reads none, STYLE.md §3) — so identical
+        payloads make two entities. Raises InvalidArgument for a bad collection name,
+        nonce or oversized operations.
         """
-        nonce = secrets.token_bytes(NONCE_LENGTH) if nonce is None else nonce
         ops = normalize_operations(operations)
         try:
             _check_name(collection, "collection", limits)
