@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+from collections.abc import Callable
+
 import msgpack
 import pytest
 from hypothesis import given
@@ -235,3 +239,32 @@ def test_repeated_backends_are_merged_in_order_and_empty_ones_dropped() -> None:
     assert event.operations == (("lww", (b"1", b"2")),)
     assert event.diffs("lww") == (b"1", b"2")
     assert event.diffs("text") == ()
+
+
+FORGERIES: list[Callable[[Event, EventId], object]] = [
+    lambda event, forged: Event(forged, *event[1:]),
+    lambda event, forged: Event(**{**event._asdict(), "id": forged}),
+    lambda event, forged: Event._make([forged, *event[1:]]),
+    lambda event, forged: event._replace(id=forged),
+]
+
+
+@pytest.mark.parametrize("forge", FORGERIES)
+def test_an_event_cannot_be_built_from_fields_so_its_id_always_matches_its_content(
+    forge: Callable[[Event, EventId], object],
+) -> None:
+    _, genesis, _ = golden_events()
+    with pytest.raises(TypeError, match=r"Event\.genesis, Event\.update or Event\.from_bytes"):
+        forge(genesis, EventId(b"\x00" * 32))
+
+
+@pytest.mark.parametrize(
+    "clone", [copy.copy, copy.deepcopy, lambda e: pickle.loads(pickle.dumps(e))]
+)
+def test_copies_and_pickles_of_an_event_are_decoded_again_from_its_bytes(
+    clone: Callable[[Event], Event],
+) -> None:
+    for event in golden_events():
+        again = clone(event)
+        assert type(again) is Event
+        assert tuple(again) == tuple(event)
