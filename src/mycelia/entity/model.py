@@ -324,6 +324,8 @@ class View(Model, _internal=True):
             return NotImplemented
         return type(self) is type(other) and self.__dict__ == other.__dict__
 
+    __hash__ = None  # a view may hold unhashable values (Json); equality is by value
+
     def __repr__(self) -> str:
         return f"{self._model.__name__}<View {self.id}>({self._fields_repr()})"
 
