@@ -6,21 +6,8 @@ import msgpack
 import pytest
 
 from mycelia.errors import DecodeError, PayloadTooLarge
-from mycelia.proto import DEFAULT_LIMITS, EntityId, EventId, Limits
-from mycelia.proto.schema import (
-    BOOL,
-    ENTITY_ID,
-    EVENT_ID,
-    Array,
-    Bytes,
-    Int,
-    Nested,
-    Optional,
-    Record,
-    Str,
-    record,
-    wire,
-)
+from mycelia.proto import DEFAULT_LIMITS, EntityId, EventId, Limits, schema
+from mycelia.proto.schema import Record, record, wire
 
 ID = EventId(b"\x05" * 32)
 
@@ -29,10 +16,10 @@ ID = EventId(b"\x05" * 32)
 class Pair(Record):
     """A test record: every kind of field, and a rule across two of them."""
 
-    first: EntityId = wire(ENTITY_ID)
-    heads: tuple[EventId, ...] = wire(Array(EVENT_ID, limit="max_clock_width"))
-    label: str | None = wire(Optional(Str(8)))
-    flag: bool = wire(BOOL, default=False)
+    first: EntityId = wire(schema.ENTITY_ID)
+    heads: tuple[EventId, ...] = wire(schema.Array(schema.EVENT_ID, limit="max_clock_width"))
+    label: str | None = wire(schema.Optional(schema.Str(8)))
+    flag: bool = wire(schema.BOOL, default=False)
 
     def check_decoded(self) -> None:
         if self.flag and self.label is None:
@@ -41,8 +28,8 @@ class Pair(Record):
 
 @record
 class Outer(Record):
-    pairs: tuple[Pair, ...] = wire(Array(Nested(Pair), limit="max_batch_events"))
-    count: int = wire(Int(minimum=1, clamp="max_parents"))
+    pairs: tuple[Pair, ...] = wire(schema.Array(schema.Nested(Pair), limit="max_batch_events"))
+    count: int = wire(schema.Int(minimum=1, clamp="max_parents"))
 
 
 def _decode(kind: type[Record], value: list[object], limits: Limits = DEFAULT_LIMITS) -> object:
@@ -97,7 +84,7 @@ def test_a_clamped_integer_is_cut_to_its_limit() -> None:
 
 
 def test_bytes_of_a_fixed_length_or_a_maximum() -> None:
-    exact, bounded = Bytes(length=2), Bytes(max_len=2)
+    exact, bounded = schema.Bytes(length=2), schema.Bytes(max_len=2)
     assert exact.decode(b"ab", "x", DEFAULT_LIMITS) == b"ab"
     with pytest.raises(DecodeError):
         exact.decode(b"abc", "x", DEFAULT_LIMITS)
