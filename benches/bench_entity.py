@@ -64,6 +64,7 @@ def linear_history(root_node: Node, length: int) -> list[Event]:
         collection="counters",
         system=root_node.system_root,
         operations={"lww": [encode_diff({"n": encode_value(0)})]},
+        nonce=bytes(16),
     )
     events = [genesis]
     for i in range(1, length):

@@ -54,7 +54,8 @@ def peer_module() -> ModuleType:
     """The peer script, imported for its generators (it imports only the standard library
     at the top; pycrdt is imported where it is used)."""
     spec = importlib.util.spec_from_file_location("pycrdt_ws_bench", PEER_SCRIPT)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["pycrdt_ws_bench"] = module
     spec.loader.exec_module(module)
@@ -239,7 +240,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         workdir = Path(tmp)
         theirs = peer_figures(args.peer_python, args.runs, workdir) if args.peer_python else {}
         runs = [asyncio.run(w4_once(i, peer, workdir)) for i in range(args.runs)]
-        base = baseline_sequential(args.baseline_src, args.runs, workdir) if args.baseline_src else None
+        base = (
+            baseline_sequential(args.baseline_src, args.runs, workdir)
+            if args.baseline_src
+            else None
+        )
     ours = {k: statistics.median(r[k] for r in runs) for k in ("seq", "pipe", "missing")}
 
     def ratio(k: str) -> str:

@@ -1,7 +1,9 @@
-"""Proto benchmarks: encode+hash, decode+verify, Clock construction and membership.
+"""Proto benchmarks: encode+hash, decode+verify, Clock construction and membership, and
+peering frames.
 
 Targets (issue 2): encode+hash within 3x of msgpack.packb+sha256 of the same event;
-decode+verify within 3x of msgpack.unpackb+sha256.
+decode+verify within 3x of msgpack.unpackb+sha256. Frames (issue 18): the declared
+schemas of ``proto.peering`` cost what the hand-written codecs did (within 10%).
 
 Run: ``python -m benches.bench_proto``
 """
@@ -17,6 +19,9 @@ from benches.harness import Table, fmt_time, interleaved, verdict
 from mycelia.proto.clock import Clock
 from mycelia.proto.event import Event
 from mycelia.proto.ids import EntityId, EventId
+from mycelia.proto.messages import Message, decode_frame, encode_frame
+from mycelia.proto.peering import Delta, DeltasResponse, EventsResponse, GetRequest, KnownEntity
+from mycelia.proto.state import EntityState, State
 
 
 def typical_event(rng: random.Random) -> Event:
@@ -99,6 +104,43 @@ def main() -> None:
         ["width", "Clock(reverse-sorted ids)", "baseline sorted(list)", "`in`"],
         rows,
     ).print()
+    Table("proto: peering frames", ["frame", "size", "encode", "decode"], frame_rows()).print()
+
+
+def sample_frames(rng: random.Random) -> dict[str, Message]:
+    """Three frames a catch-up sends: events, deltas with states, a get with known heads."""
+    entity = EntityId(rng.randbytes(32))
+    events, parent = [], Clock([EventId(rng.randbytes(32))])
+    for i in range(100):
+        ops = {"lww": [bytes([i]) * 20]}
+        event = Event.update(entity_id=entity, collection="albums", parent=parent, operations=ops)
+        events.append(event)
+        parent = Clock([event.id])
+    head = {events[-1].id: 100}
+    state = EntityState(entity, "albums", State.of(head=head, buffers={"lww": b"\x90" * 50}))
+    base = (events[0].id,)
+    deltas = [
+        Delta(EntityId(rng.randbytes(32)), "albums", True, state, (), base) for _ in range(50)
+    ]
+    known = [KnownEntity(EntityId(rng.randbytes(32)), base) for _ in range(100)]
+    ids = tuple(EntityId(rng.randbytes(32)) for _ in range(100))
+    return {
+        "EventsResponse, 100 events": EventsResponse(1, tuple(events), tuple(range(1, 101))),
+        "DeltasResponse, 50 states": DeltasResponse(2, tuple(deltas)),
+        "GetRequest, 100 ids + heads": GetRequest(3, ids, tuple(known)),
+    }
+
+
+def frame_rows() -> list[list[str]]:
+    rows = []
+    for name, msg in sample_frames(random.Random(4)).items():
+        frame = encode_frame(msg)
+        t = interleaved(
+            {"encode": lambda m=msg: encode_frame(m), "decode": lambda f=frame: decode_frame(f)},  # type: ignore[misc]
+            number=300,
+        )
+        rows.append([name, f"{len(frame)} B", fmt_time(t["encode"]), fmt_time(t["decode"])])
+    return rows
 
 
 if __name__ == "__main__":

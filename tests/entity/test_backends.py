@@ -137,7 +137,7 @@ def test_malformed_lww_state_is_a_decode_error(buffer: bytes) -> None:
 
 def test_malformed_text_update_is_a_decode_error() -> None:
     backend = TextBackend.empty()
-    event = AdmittedEvent(Event.genesis(collection="c", system=ENTITY), 1)
+    event = AdmittedEvent(Event.genesis(collection="c", system=ENTITY, nonce=bytes(16)), 1)
     with pytest.raises(DecodeError):
         backend.apply(event, (b"\x05\x06garbage",))
 

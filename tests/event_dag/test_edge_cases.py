@@ -246,6 +246,19 @@ def test_the_budget_stops_the_walk_without_a_verdict_and_escalation_resumes_it()
     assert rel(long, ["e20"], ["e1"], budget=100) == StrictDescends()
 
 
+@pytest.mark.parametrize(("budget", "concludes"), [(0, False), (1, False), (2, True), (6, True)])
+async def test_the_async_and_sync_drivers_escalate_the_same_way(
+    budget: int, concludes: bool
+) -> None:
+    dag = chain(6)
+    s, o = dag.clock("e6"), dag.clock("e1")
+    remote = await compare(RefusingSource(dag, set()), s, o, budget=budget)
+    local = compare_with(dag.events, s, o, budget=budget)
+    assert remote.relation == local.relation
+    assert remote.fetched == local.fetched
+    assert (remote.relation == StrictDescends()) is concludes  # 2 concludes only at 4x
+
+
 def _drain(cmp: Comparison, dag: Dag) -> int:
     fetched = 0
     while cmp.status is Status.WANTS:

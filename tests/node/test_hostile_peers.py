@@ -182,7 +182,7 @@ async def test_forged_and_foreign_parent_events_are_refused_and_nothing_persists
         parent=Clock([EventId(bytes(other.id))]),
         operations={"lww": [b"\x90"]},
     )
-    wrong_system = Event.genesis(collection="notes", system=EntityId(b"\x05" * 32))
+    wrong_system = Event.genesis(collection="notes", system=EntityId(b"\x05" * 32), nonce=bytes(16))
     for forged, kind in [
         (dangling, "EventNotFound"),
         (foreign, "InvalidEvent"),

@@ -163,7 +163,9 @@ async def test_reserved_collections_refuse_client_commits(
 ) -> None:
     _, connection = await client()
     assert server[0].system_root is not None
-    sneaky = Event.genesis(collection=SYSTEM_COLLECTION, system=server[0].system_root)
+    sneaky = Event.genesis(
+        collection=SYSTEM_COLLECTION, system=server[0].system_root, nonce=bytes(16)
+    )
     with pytest.raises(mycelia.errors.RemoteError) as info:
         await connection.request(lambda rid: CommitRequest(rid, (sneaky,)), expect=Ack)
     assert info.value.kind == PolicyDenied.__name__

@@ -15,10 +15,12 @@ from mycelia.proto.peering import PresenceRejected as Rejected
 ROOT = EntityId(b"\x01" * 32)
 
 
-def pair(*, version_b: int = PROTOCOL_VERSION) -> tuple[PeerSession, PeerSession]:
+def pair(
+    *, version_b: int = PROTOCOL_VERSION, key_b: NodeKey | None = None
+) -> tuple[PeerSession, PeerSession]:
     a = PeerSession(key=NodeKey.generate(), durable=True, system_root=ROOT, limits=DEFAULT_LIMITS)
     b = PeerSession(
-        key=NodeKey.generate(),
+        key=key_b or NodeKey.generate(),
         durable=False,
         system_root=None,
         limits=DEFAULT_LIMITS,
@@ -37,15 +39,20 @@ def handshake(a: PeerSession, b: PeerSession) -> tuple[list[object], list[object
 
 
 def test_a_handshake_verifies_both_sides_and_carries_the_token() -> None:
-    a, b = pair()
+    key_b = NodeKey.generate()
+    a, b = pair(key_b=key_b)
     events_a, events_b = handshake(a, b)
     assert a.state is SessionState.READY
     assert b.state is SessionState.READY
     (verified,) = events_a
     assert isinstance(verified, Verified)
     assert verified.token == b"tok"
-    assert verified.presence.node_id == b.peer_id or verified.presence.durable is False
-    assert isinstance(events_b[0], Verified)
+    assert verified.presence.node_id == key_b.node_id == a.peer_id
+    assert verified.presence.durable is False
+    (verified_b,) = events_b
+    assert isinstance(verified_b, Verified)
+    assert verified_b.presence.durable is True
+    assert verified_b.presence.node_id == b.peer_id != key_b.node_id
 
 
 def test_application_frames_pass_up_once_ready() -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+from collections.abc import Callable
+
 import msgpack
 import pytest
 from hypothesis import given
@@ -172,14 +176,22 @@ def test_expecting_a_different_id_raises_id_mismatch() -> None:
 @pytest.mark.parametrize("name", ["", "has space", "1starts-with-digit", "x" * 65, "ü"])
 def test_invalid_collection_names_are_refused(name: str) -> None:
     with pytest.raises(InvalidArgument):
-        Event.genesis(collection=name, system=None)
+        Event.genesis(collection=name, system=None, nonce=bytes(16))
 
 
 def test_oversized_operations_are_refused_on_both_paths() -> None:
     limits = Limits(max_operation_bytes=10)
     with pytest.raises(InvalidArgument, match="limit"):
-        Event.genesis(collection="c", system=None, operations={"lww": [b"x" * 11]}, limits=limits)
-    big = Event.genesis(collection="c", system=None, operations={"lww": [b"x" * 11]})
+        Event.genesis(
+            collection="c",
+            system=None,
+            operations={"lww": [b"x" * 11]},
+            nonce=bytes(16),
+            limits=limits,
+        )
+    big = Event.genesis(
+        collection="c", system=None, operations={"lww": [b"x" * 11]}, nonce=bytes(16)
+    )
     with pytest.raises(PayloadTooLarge):
         Event.from_bytes(big.to_bytes(), limits=limits)
 
@@ -202,11 +214,19 @@ def test_too_many_parents_are_refused() -> None:
         Event.from_bytes(ok.to_bytes(), limits=limits)
 
 
-def test_identical_payloads_make_distinct_entities() -> None:
-    a = Event.genesis(collection="c", system=None, operations={"lww": [b"same"]})
-    b = Event.genesis(collection="c", system=None, operations={"lww": [b"same"]})
+def test_identical_payloads_with_distinct_nonces_make_distinct_entities() -> None:
+    a = Event.genesis(collection="c", system=None, operations={"lww": [b"same"]}, nonce=bytes(16))
+    b = Event.genesis(
+        collection="c", system=None, operations={"lww": [b"same"]}, nonce=b"\x01" * 16
+    )
     assert a.entity_id != b.entity_id
     assert a.operations == b.operations
+
+
+@pytest.mark.parametrize("length", [0, 15, 17])
+def test_a_genesis_nonce_of_the_wrong_length_is_refused(length: int) -> None:
+    with pytest.raises(InvalidArgument, match="nonce"):
+        Event.genesis(collection="c", system=None, nonce=bytes(length))
 
 
 def test_repeated_backends_are_merged_in_order_and_empty_ones_dropped() -> None:
@@ -219,3 +239,32 @@ def test_repeated_backends_are_merged_in_order_and_empty_ones_dropped() -> None:
     assert event.operations == (("lww", (b"1", b"2")),)
     assert event.diffs("lww") == (b"1", b"2")
     assert event.diffs("text") == ()
+
+
+FORGERIES: list[Callable[[Event, EventId], object]] = [
+    lambda event, forged: Event(forged, *event[1:]),
+    lambda event, forged: Event(**{**event._asdict(), "id": forged}),
+    lambda event, forged: Event._make([forged, *event[1:]]),
+    lambda event, forged: event._replace(id=forged),
+]
+
+
+@pytest.mark.parametrize("forge", FORGERIES)
+def test_an_event_cannot_be_built_from_fields_so_its_id_always_matches_its_content(
+    forge: Callable[[Event, EventId], object],
+) -> None:
+    _, genesis, _ = golden_events()
+    with pytest.raises(TypeError, match=r"Event\.genesis, Event\.update or Event\.from_bytes"):
+        forge(genesis, EventId(b"\x00" * 32))
+
+
+@pytest.mark.parametrize(
+    "clone", [copy.copy, copy.deepcopy, lambda e: pickle.loads(pickle.dumps(e))]
+)
+def test_copies_and_pickles_of_an_event_are_decoded_again_from_its_bytes(
+    clone: Callable[[Event], Event],
+) -> None:
+    for event in golden_events():
+        again = clone(event)
+        assert type(again) is Event
+        assert tuple(again) == tuple(event)

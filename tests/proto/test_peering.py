@@ -1,4 +1,5 @@
-"""Peering messages: deltas with a base, gets with known heads, and what they refuse."""
+"""Peering messages: deltas with a base, gets with known heads, the request table, and
+what they refuse."""
 
 from __future__ import annotations
 
@@ -6,13 +7,32 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mycelia.errors import DecodeError
+from mycelia.errors import DecodeError, InvalidArgument, PayloadTooLarge, RemoteProtocolError
 from mycelia.proto import DEFAULT_LIMITS, EntityId, EventId
 from mycelia.proto.codec import pack
-from mycelia.proto.messages import decode_frame, encode_frame
-from mycelia.proto.peering import Delta, DeltasResponse, GetRequest, KnownEntity
+from mycelia.proto.messages import Message, decode_frame, encode_frame, message_types
+from mycelia.proto.peering import (
+    REQUESTS,
+    RESPONSES,
+    Ack,
+    Delta,
+    DeltasResponse,
+    ErrorResponse,
+    EventsResponse,
+    GetEventsRequest,
+    GetRequest,
+    KnownEntity,
+    Presence,
+    PresenceProof,
+    PresenceRejected,
+    SubscriptionUpdate,
+    SystemRequest,
+    expect_response,
+)
+from mycelia.proto.schema import Record, record
 from mycelia.proto.state import EntityState, State
 from mycelia.testing.strategies import entity_ids, event_ids
+from tests.proto.test_event import golden_events
 
 ENTITY = EntityId(b"\x02" * 32)
 STATE = EntityState(ENTITY, "c", State.of(head={EventId(b"\x01" * 32): 3}, buffers={}))
@@ -59,3 +79,54 @@ def test_a_malformed_base_is_refused(bad: object) -> None:
     fields[-1] = bad
     with pytest.raises(DecodeError):
         decode_frame(_frame_with(fields))
+
+
+HANDSHAKE: set[type[Message]] = {Presence, PresenceProof, PresenceRejected}
+UPDATES: set[type[Message]] = {SubscriptionUpdate}
+
+
+def test_every_message_is_a_handshake_frame_a_request_a_response_or_an_update() -> None:
+    answers = {t for types in RESPONSES.values() for t in types} | {ErrorResponse}
+    kinds = [HANDSHAKE, set(REQUESTS), answers, UPDATES]
+    assert set[type[Message]]().union(*kinds) == set(message_types().values())
+    assert sum(len(k) for k in kinds) == len(message_types())  # no message is two kinds
+    for kind in (*REQUESTS, *answers):
+        assert kind.SCHEMA[0][0] == "request_id", kind.__name__
+
+
+def test_an_expected_response_passes_and_any_other_is_a_remote_protocol_error() -> None:
+    ack = Ack(3)
+    assert expect_response(ack, Ack) is ack
+    with pytest.raises(RemoteProtocolError, match="expected DeltasResponse"):
+        expect_response(ack, DeltasResponse)
+
+
+def test_events_and_generations_must_pair_up() -> None:
+    (event,) = golden_events()[1:2]
+    frame = pack([EventsResponse.TAG, 1, [event.to_bytes()], [1, 2]])
+    with pytest.raises(DecodeError, match="one generation per event"):
+        decode_frame(frame)
+    with pytest.raises(DecodeError, match="at least 1"):
+        decode_frame(pack([EventsResponse.TAG, 1, [event.to_bytes()], [0]]))
+
+
+def test_a_read_ahead_is_cut_to_a_batch_and_a_long_token_is_too_large() -> None:
+    ahead = GetEventsRequest(1, (), 10**9)
+    decoded = decode_frame(encode_frame(ahead))
+    assert isinstance(decoded, GetEventsRequest)
+    assert decoded.ahead == DEFAULT_LIMITS.max_batch_events
+    with pytest.raises(PayloadTooLarge, match="token"):
+        decode_frame(encode_frame(PresenceProof(b"\x00" * 64, b"t" * 8193)))
+
+
+def test_a_wrong_field_count_names_the_message() -> None:
+    with pytest.raises(DecodeError, match="SystemRequest must have 1 items"):
+        decode_frame(pack([SystemRequest.TAG, 1, 2]))
+
+
+def test_a_record_field_must_declare_how_it_travels() -> None:
+    class Loose(Record):
+        value: int
+
+    with pytest.raises(InvalidArgument, match=r"Loose\.value"):
+        record(Loose)

@@ -432,7 +432,7 @@ class Applier:
         then (on an ephemeral node with a peer) the peer."""
         store: EventSource = self._store if not earlier else _Overlay(earlier, self._store)
         if self._remote is None:
-            return LocalGetter(staging, store, definitive=self._durable)
+            return LocalGetter(staging, store)
         return CachedGetter(staging, store, self._remote, entity_id=entity_id)
 
     # -- a local transaction ---------------------------------------------------------------

@@ -10,6 +10,10 @@ Invariants:
 - :meth:`to_state` / :meth:`from_state` round-trip byte for byte.
 - Mutation happens only through :meth:`apply` and :meth:`set_head` (called by the applier
   under the entity's lock) and on forks that transactions own.
+- Text client ids come only from the :class:`ClientIds` the entity carries (given at
+  construction, handed on to its forks): a text backend created lazily on it draws from
+  them. An entity without them (a resident, a decoded state) holds replica text, which
+  takes no local edits, so no entropy is ever read here.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class Entity:
         collection: str,
         head: dict[EventId, int],
         backends: dict[str, Backend],
+        *,
+        text_ids: ClientIds | None = None,
     ) -> None:
         self.entity_id = entity_id
         self.collection = collection
@@ -79,20 +85,23 @@ class Entity:
         self._backends = backends
         self._snapshot: Snapshot | None = None  # valid until the next change
         self._clock: Clock | None = None  # the head as a Clock, until it changes
-        self._text_ids: ClientIds | None = None  # where a fork's new text backend gets its id
+        self._text_ids = text_ids  # where a text backend created here gets its client id
 
     @classmethod
-    def empty(cls, entity_id: EntityId, collection: str) -> Entity:
-        """An entity that does not exist yet (empty head)."""
-        return cls(entity_id, collection, {}, {})
+    def empty(
+        cls, entity_id: EntityId, collection: str, *, text_ids: ClientIds | None = None
+    ) -> Entity:
+        """An entity that does not exist yet (empty head); text created on it draws from
+        ``text_ids`` (replica text without)."""
+        return cls(entity_id, collection, {}, {}, text_ids=text_ids)
 
     @classmethod
-    def from_state(cls, stored: EntityState) -> Entity:
-        """Materialise a stored state; raises DecodeError on a malformed buffer."""
-        backends: dict[str, Backend] = {
-            name: _backend_class(name).from_state(buffer) for name, buffer in stored.state.buffers
-        }
-        return cls(stored.entity_id, stored.collection, stored.state.head_generations(), backends)
+    def from_state(cls, stored: EntityState, *, text_ids: ClientIds | None = None) -> Entity:
+        """Materialise a stored state (its text draws from ``text_ids``; replica text
+        without); raises DecodeError on a malformed buffer."""
+        backends = {name: _backend(name, text_ids, buffer) for name, buffer in stored.state.buffers}
+        head = stored.state.head_generations()
+        return cls(stored.entity_id, stored.collection, head, backends, text_ids=text_ids)
 
     def to_state(self) -> EntityState:
         """The entity as a state snapshot (canonical buffers)."""
@@ -144,7 +153,7 @@ class Entity:
         self._snapshot = None
         changed: set[str] = set()
         for name, buffer in stored.state.buffers:
-            theirs = _backend_class(name).from_state(buffer)
+            theirs = _backend(name, None, buffer)  # only read: replica text
             mine = self.backend(name)
             changed |= mine.merge(theirs)
         return changed
@@ -159,10 +168,7 @@ class Entity:
         """The backend called ``name``, created empty on first use."""
         backend = self._backends.get(name)
         if backend is None:
-            if name == TextBackend.name:
-                backend = self._backends[name] = TextBackend.empty(self._text_ids)
-            else:
-                backend = self._backends[name] = _backend_class(name).empty()
+            backend = self._backends[name] = _backend(name, self._text_ids)
         # A caller may edit through the backend (drafts do): the snapshot cannot be trusted.
         self._snapshot = None
         return backend
@@ -184,16 +190,19 @@ class Entity:
         return name in self._backends
 
     def fork(self, *, text_ids: ClientIds | None = None) -> Entity:
-        """An independent copy for a transaction (text forks draw a fresh client id)."""
+        """An independent copy for a transaction, carrying ``text_ids`` (else this entity's).
+
+        Its text draws a fresh client id from them, now or when text is first written on
+        the fork; without any, the fork's text is a replica's (it refuses local edits).
+        """
+        ids = self._text_ids if text_ids is None else text_ids
         backends: dict[str, Backend] = {}
         for name, backend in self._backends.items():
             if isinstance(backend, TextBackend):
-                backends[name] = backend.fork(text_ids)
+                backends[name] = backend.fork(ids)
             else:
                 backends[name] = backend.fork()
-        fork = Entity(self.entity_id, self.collection, dict(self._head), backends)
-        fork._text_ids = text_ids  # a text backend created on the fork later draws from it
-        return fork
+        return Entity(self.entity_id, self.collection, dict(self._head), backends, text_ids=ids)
 
     def prepare_text(self, ids: ClientIds) -> None:
         """Create the (empty) text backend now, drawing its client id from ``ids``."""
@@ -202,7 +211,8 @@ class Entity:
 
     def with_id(self, entity_id: EntityId) -> Entity:
         """This entity's backends under another id (a create's draft, once its genesis exists)."""
-        return Entity(entity_id, self.collection, dict(self._head), self._backends)
+        head = dict(self._head)
+        return Entity(entity_id, self.collection, head, self._backends, text_ids=self._text_ids)
 
     def take_operations(self) -> dict[str, list[bytes]]:
         """The local edits on this fork, as event operations (backend → diffs)."""
@@ -229,5 +239,11 @@ class Entity:
         return snapshot
 
 
-def _backend_class(name: str) -> type[LwwBackend] | type[TextBackend] | type[OpaqueBackend]:
-    return KNOWN_BACKENDS.get(name, OpaqueBackend)
+def _backend(name: str, text_ids: ClientIds | None, buffer: bytes | None = None) -> Backend:
+    """A backend called ``name``: empty, or rebuilt from ``buffer`` (DecodeError if bad)."""
+    if name == TextBackend.name:
+        if buffer is None:
+            return TextBackend.empty(text_ids)
+        return TextBackend.from_state(buffer, text_ids)
+    cls = KNOWN_BACKENDS.get(name, OpaqueBackend)
+    return cls.empty() if buffer is None else cls.from_state(buffer)

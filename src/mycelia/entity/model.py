@@ -12,9 +12,13 @@
 
 Invariants:
 
-- An instance of a model class is either a **view** (a frozen snapshot: setting a field
-  raises) or a **mutable handle** bound to a live transaction (reads and writes go to
-  the transaction's fork; any use after commit or rollback raises TransactionClosed).
+- A model class is never instantiated itself. Each one has two derived types, built once
+  and sharing one descriptor per declared field: its :class:`View` (a frozen snapshot:
+  setting anything raises; views compare equal by value) and its :class:`Handle` (bound
+  to a live transaction: reads and writes go to the transaction's fork; any use after
+  commit or rollback raises TransactionClosed). A field's descriptor asks the instance
+  to read or write it, so what an instance may do is decided by its type, never by a
+  flag inside it. Both derive from the model class, so ``isinstance(x, Album)`` holds.
 - Schema evolution: a field added later reads as its default (or ``None``) on old
   entities; fields this version does not declare stay in the entity's state untouched.
 - Values are checked on assignment (type and storability); a bad value raises
@@ -35,17 +39,18 @@ from mycelia.errors import InvalidArgument, TransactionClosed
 from mycelia.proto import Clock, EntityId
 from mycelia.proto.codec import NAME_PATTERN
 
-__all__ = ["Draft", "FieldSpec", "Json", "Model", "Ref", "Text"]
+__all__ = ["Draft", "FieldSpec", "Handle", "Json", "Model", "Ref", "Text", "View"]
 
 M = TypeVar("M", bound="Model")
+K = TypeVar("K", bound="Model")
 
 
 class Text(str):
     """A collaborative text field's value (a ``str``).
 
     On a view it is a read-only snapshot. On a mutable handle, :meth:`insert`,
-    :meth:`delete` and :meth:`replace` edit the transaction's copy; read the field again
-    to see the new text.
+    :meth:`delete` and :meth:`replace_all` edit the transaction's copy; read the field
+    again to see the new text.
     """
 
     __slots__ = ()
@@ -203,29 +208,31 @@ class Model:
 
     __collection__: ClassVar[str]
     _fields: ClassVar[dict[str, FieldSpec]]
-    _mutable_class: ClassVar[type[Model]]
+    _model: ClassVar[type[Model]]
+    """The declared model class (a View or Handle type points at the class it derives from)."""
+    _derived: ClassVar[tuple[type[View], type[Handle]]]
     __slots__ = ("__dict__",)
 
     id: EntityId
     head: Clock
 
-    def __init_subclass__(cls, collection: str | None = None, **kwargs: object) -> None:
+    def __init_subclass__(
+        cls, collection: str | None = None, *, _internal: bool = False, **kwargs: object
+    ) -> None:
         super().__init_subclass__(**kwargs)
-        if getattr(cls, "_is_mutable_class", False):
+        if _internal:  # View, Handle, and the types derived from each model
             return
         name = collection or cls.__name__.lower()
         if not NAME_PATTERN.match(name) or name.startswith("_mycelia_"):
             raise InvalidArgument(f"{name!r} is not a valid collection name for {cls.__name__}")
         cls.__collection__ = name
+        cls._model = cls
         try:
             cls._fields = _declared_fields(cls)
         except NameError:
             # A forward reference to a class not defined yet (``Ref["Self"]``): resolve the
             # fields on first use instead, once the module has been executed.
             cls._fields = _LazyFields()  # type: ignore[assignment]
-        cls._mutable_class = type(
-            f"Mutable{cls.__name__}", (cls,), {"_is_mutable_class": True, "__slots__": ()}
-        )
 
     def __init__(self) -> None:
         raise InvalidArgument(
@@ -235,7 +242,7 @@ class Model:
     @classmethod
     def _view(cls, snapshot: Snapshot) -> typing.Self:
         """A frozen view of ``snapshot`` (internal: contexts build views)."""
-        view = object.__new__(cls)
+        view = object.__new__(_derived(cls._model)[0])
         state = view.__dict__
         state["id"] = snapshot.entity_id
         state["head"] = snapshot.head
@@ -246,47 +253,138 @@ class Model:
                 state[name] = Text("") if spec.backend == "text" else spec.default
             else:
                 state[name] = spec.wrap(raw)
-        return view
+        return typing.cast("typing.Self", view)
 
     @classmethod
     def _handle(cls, draft: Draft) -> typing.Self:
         """A mutable handle on ``draft`` (internal: transactions build handles)."""
-        handle = object.__new__(cls._mutable_class)
+        handle = object.__new__(_derived(cls._model)[1])
         handle.__dict__["_draft"] = draft
         handle.__dict__["id"] = draft.entity.entity_id
-        return handle  # type: ignore[return-value]
+        return typing.cast("typing.Self", handle)
 
-    def __getattribute__(self, name: str) -> Any:
-        state = object.__getattribute__(self, "__dict__")
-        draft = state.get("_draft")
-        if draft is not None:
-            fields = object.__getattribute__(self, "_fields")
-            if name in fields:
-                return draft.get(name)
-            if name == "head":
-                draft._check()
-                return draft.entity.head
-        return object.__getattribute__(self, name)
+    def _read(self, name: str) -> object:
+        raise NotImplementedError  # pragma: no cover - a model class is never instantiated
 
-    def __setattr__(self, name: str, value: object) -> None:
-        draft = self.__dict__.get("_draft")
-        if draft is None:
-            raise InvalidArgument(
-                f"a {type(self).__name__} view is read-only: edit it with trx.edit()"
-            )
-        draft.set(name, value)
+    def _write(self, name: str, value: object) -> None:
+        raise NotImplementedError  # pragma: no cover - a model class is never instantiated
 
-    def __repr__(self) -> str:
-        kind = "Mutable" if "_draft" in self.__dict__ else "View"
-        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._fields)
-        return f"{type(self).__name__}<{kind} {self.id}>({fields})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Model) or "_draft" in self.__dict__:
-            return NotImplemented
-        return self.__dict__ == other.__dict__
+    def _fields_repr(self) -> str:
+        return ", ".join(f"{n}={self._read(n)!r}" for n in self._fields)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+class _Field:
+    """One declared field, shared by its model's View and Handle types.
+
+    It holds no value and makes no decision: reading or writing it asks the instance
+    (:meth:`View._read` / :meth:`Handle._read`, and ``_write``), so the instance's type
+    alone decides whether the field is frozen or goes to a transaction's fork.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Model | None, owner: type | None = None) -> object:
+        return self if obj is None else obj._read(self.name)
+
+    def __set__(self, obj: Model, value: object) -> None:
+        obj._write(self.name, value)
+
+
+class View(Model, _internal=True):
+    """A frozen snapshot of one entity (``ctx.get``, ``ctx.fetch``, live queries).
+
+    Its fields, ``id`` and ``head`` are fixed when it is made; setting anything raises
+    InvalidArgument. Two views are equal when they are of the same model and hold the same
+    id, head and values.
+    """
+
+    __slots__ = ()
+
+    def _read(self, name: str) -> object:
+        return self.__dict__[name]
+
+    def _write(self, name: str, value: object) -> None:
+        raise InvalidArgument(
+            f"a {self._model.__name__} view is read-only: edit it with trx.edit()"
+        )
+
+    def __setattr__(self, name: str, value: object) -> None:
+        self._write(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._write(name, None)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, View):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # a view may hold unhashable values (Json); equality is by value
+
+    def __repr__(self) -> str:
+        return f"{self._model.__name__}<View {self.id}>({self._fields_repr()})"
+
+
+class Handle(Model, _internal=True):
+    """A mutable handle on one entity, bound to a transaction (``trx.create``, ``trx.edit``).
+
+    Its fields read and write the transaction's fork (checked on assignment; ``Text``
+    fields edit in place); ``head`` is the fork's head. Setting an undeclared name raises
+    InvalidArgument; any use after the transaction ends raises TransactionClosed.
+    """
+
+    __slots__ = ()
+
+    @property
+    def head(self) -> Clock:  # type: ignore[override]  # a handle's head is the fork's
+        """The head of the transaction's copy."""
+        draft: Draft = self.__dict__["_draft"]
+        draft._check()
+        return draft.entity.head
+
+    def _read(self, name: str) -> object:
+        draft: Draft = self.__dict__["_draft"]
+        return draft.get(name)
+
+    def _write(self, name: str, value: object) -> None:
+        draft: Draft = self.__dict__["_draft"]
+        draft.set(name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name not in self._fields:
+            self.__dict__["_draft"]._check()
+            raise InvalidArgument(f"{self._model.__name__} has no field {name!r}")
+        object.__setattr__(self, name, value)  # the field's descriptor writes the fork
+
+    def __repr__(self) -> str:
+        return f"{self._model.__name__}<Mutable {self.id}>({self._fields_repr()})"
+
+
+def _derived(model: type[Model]) -> tuple[type[View], type[Handle]]:
+    """``model``'s View and Handle types, built on first use (its fields must be known)."""
+    derived = model.__dict__.get("_derived")
+    if derived is None:
+        shared = {name: _Field(name) for name in model._fields}
+        derived = (_derive(model, View, shared), _derive(model, Handle, shared))
+        model._derived = derived
+    return derived
+
+
+def _derive(model: type[Model], kind: type[K], fields: dict[str, _Field]) -> type[K]:
+    """The type of ``model``'s instances of ``kind`` (View or Handle), with ``fields``."""
+
+    def body(namespace: dict[str, object]) -> None:
+        namespace.update(fields, __slots__=(), __module__=model.__module__)
+        namespace["__qualname__"] = f"{model.__qualname__}.{kind.__name__}"
+
+    name = f"{model.__name__}{kind.__name__}"
+    derived = types.new_class(name, (model, kind), {"_internal": True}, body)
+    return typing.cast("type[K]", derived)
 
 
 class _LazyFields:

@@ -402,31 +402,10 @@ class Comparison:
             elif flags == _O:
                 self._o_roots.append(eid)
             return
-        self._push_down(parents, down)
-
-    def _push_down(self, parents: tuple[EventId, ...], down: int) -> None:
-        """Add ``down`` to each parent's flags, queueing the ones reached for the first time."""
-        strict, all_flags, popped = self._strict, self._flags, self._popped
-        for parent in parents:  # the walk's hot path: keep it flat
+        strict, mark = self._strict, self._mark
+        for parent in parents:
             strict.add(parent)
-            old = all_flags.get(parent, 0)
-            new = old | down
-            if new == old:
-                continue
-            if parent in popped:
-                # Only possible if a generation is wrong (a parent at or above its child).
-                raise LineageError(f"inconsistent generations around {parent}")
-            all_flags[parent] = new
-            if not old:
-                self._pending.add(parent)
-                if not new & _STALE:
-                    self._nonstale += 1
-            elif new & _STALE and not old & _STALE:
-                self._nonstale -= 1
-            if new == _S and old != _S:
-                self._subject_open += 1
-            elif old == _S:
-                self._subject_open -= 1
+            mark(parent, down)
 
     def _blind_other(self) -> bool:
         """Whether an unavailable id of unknown generation, reached from the other clock

@@ -3,11 +3,13 @@
 The only ``async`` code in this layer (STYLE.md §1): it loops ``wanted`` → ``get_events``
 → ``feed`` and escalates the budget once (to 4x) before reporting ``BudgetExceeded``.
 :func:`compare_with` does the same synchronously from a mapping (tests, benchmarks).
+Both answer the rounds of one loop, :func:`_rounds`, which alone decides when to fetch,
+when to escalate and when to stop, so the two drivers cannot disagree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
 from mycelia.event_dag.comparison import DEFAULT_BUDGET, Comparison, ComparisonResult, Status
@@ -39,15 +41,9 @@ async def compare(
     cmp = Comparison.start(
         subject, other, budget=budget, hints=hints, known=known, subject_side=subject_side
     )
-    escalated = False
-    while True:
-        if cmp.status is Status.WANTS:
-            cmp.feed(await events.get_events(cmp.wanted, ahead=cmp.read_ahead))
-        elif cmp.status is Status.OVER_BUDGET and not escalated and budget > 0:
-            escalated = True
-            cmp.extend_budget(budget * (ESCALATION - 1))
-        else:
-            return cmp.result()
+    for wanted in _rounds(cmp, budget):
+        cmp.feed(await events.get_events(wanted, ahead=cmp.read_ahead))
+    return cmp.result()
 
 
 async def missing(
@@ -81,12 +77,24 @@ def compare_with(
 ) -> ComparisonResult:
     """:func:`compare`, synchronously, over an in-memory mapping of events."""
     cmp = Comparison.start(subject, other, budget=budget, hints=hints)
+    for wanted in _rounds(cmp, budget):
+        cmp.feed({i: events[i] for i in wanted if i in events})
+    return cmp.result()
+
+
+def _rounds(cmp: Comparison, budget: int) -> Iterator[tuple[EventId, ...]]:
+    """The ids ``cmp`` wants, one batch per round; the caller feeds each before the next.
+
+    An over-budget walk is resumed once with ``ESCALATION`` times its ``budget``; the
+    iterator ends when the walk is done or over budget again (then ``cmp.result()``
+    reports ``BudgetExceeded``).
+    """
     escalated = False
     while True:
         if cmp.status is Status.WANTS:
-            cmp.feed({i: events[i] for i in cmp.wanted if i in events})
+            yield cmp.wanted
         elif cmp.status is Status.OVER_BUDGET and not escalated and budget > 0:
             escalated = True
             cmp.extend_budget(budget * (ESCALATION - 1))
         else:
-            return cmp.result()
+            return

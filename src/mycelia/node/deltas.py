@@ -59,7 +59,7 @@ async def delta_for(
 
 async def _bridge(storage: StorageEngine, head: Clock, known: Clock) -> list[Event] | None:
     """The events from ``known`` to ``head``, parents first, if ``head`` descends from it."""
-    getter = LocalGetter(StagingMap(), storage, definitive=True)
+    getter = LocalGetter(StagingMap(), storage)
     try:
         outcome = await compare(getter, head, known, budget=BRIDGE_BUDGET)
     except EventNotFound:

@@ -148,7 +148,7 @@ class Node:
         self._gate = Gatekeeper(policy, lambda: self._root)
         self._me = Identity(key, durable, limits, lambda: self._root, self._entropy)
         self._connection: Connection | None = None
-        text_ids = ClientIds(rng)
+        text_ids = ClientIds(rng if rng is not None else random.Random(secrets.randbits(64)))
         commits = self._pipeline or LocalCommits(self._applier)
         self._parts = ContextParts(
             TransactionParts(

@@ -40,16 +40,12 @@ from mycelia.proto import EntityId, Limits, NodeId
 from mycelia.proto.messages import Message, encode_frame
 from mycelia.proto.peering import (
     CHALLENGE_LENGTH,
+    REQUESTS,
     CommitRequest,
     ErrorResponse,
-    FetchRequest,
-    GetEventsRequest,
-    GetRequest,
     Presence,
-    SubscribeRequest,
     SubscriptionUpdate,
-    SystemRequest,
-    UnsubscribeRequest,
+    expect_response,
 )
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT", "Identity", "PeerConnection"]
@@ -62,16 +58,6 @@ DEFAULT_REQUEST_TIMEOUT: Final = 30.0
 HANDSHAKE_TIMEOUT: Final = 10.0
 OUTGOING_FRAMES: Final = 4096
 REQUESTS_IN_FLIGHT: Final = 64
-
-REQUESTS: Final = (
-    GetRequest,
-    GetEventsRequest,
-    FetchRequest,
-    SubscribeRequest,
-    UnsubscribeRequest,
-    CommitRequest,
-    SystemRequest,
-)
 
 UpdateHandler = Callable[[SubscriptionUpdate], Coroutine[object, object, None]]
 
@@ -233,11 +219,7 @@ class PeerConnection:
             raise RequestTimeout(f"no answer from {self.remote} to a request") from exc
         finally:
             future.cancel()
-        if not isinstance(response, expect):
-            raise RemoteProtocolError(
-                f"{self.remote} answered with {type(response).__name__}, not {expect.__name__}"
-            )
-        return response
+        return expect_response(response, expect)
 
     def push(self, msg: Message) -> None:
         """Send ``msg`` without waiting (updates); a peer too slow to take it is dropped."""
@@ -338,9 +320,8 @@ class PeerConnection:
             return False
         if isinstance(msg, REQUESTS):
             if self._draining:
-                self.push(
-                    ErrorResponse(msg.request_id, "ConnectionClosed", "the node is shutting down")
-                )
+                rid = int(getattr(msg, "request_id", 0))  # every request carries one
+                self.push(ErrorResponse(rid, "ConnectionClosed", "the node is shutting down"))
                 return False
             if isinstance(msg, CommitRequest):
                 self._commits.append(msg)
@@ -351,15 +332,15 @@ class PeerConnection:
             self._answering.add(task)
             task.add_done_callback(self._answering.discard)
             return True
-        rid = getattr(msg, "request_id", None)
-        future = self._pending.get(rid) if isinstance(rid, int) else None
+        answered = getattr(msg, "request_id", None)
+        future = self._pending.get(answered) if isinstance(answered, int) else None
         if future is not None and not future.done():
             if isinstance(msg, ErrorResponse):
                 future.set_exception(RemoteError(f"{msg.kind}: {msg.text}", kind=msg.kind))
             else:
                 future.set_result(msg)
         else:
-            log.debug("dropping a response to an unknown request %s", rid)
+            log.debug("dropping a response to an unknown request %s", answered)
         return False
 
     async def _answer(self, msg: Message) -> None:

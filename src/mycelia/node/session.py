@@ -32,20 +32,11 @@ from mycelia.proto import EntityId, Limits, NodeId
 from mycelia.proto.messages import PROTOCOL_VERSION, Message, decode_frame, encode_frame
 from mycelia.proto.peering import (
     CHALLENGE_LENGTH,
-    Ack,
-    CommitRequest,
-    DeltasResponse,
+    RESPONSES,
     ErrorResponse,
-    EventsResponse,
-    FetchRequest,
-    GetEventsRequest,
-    GetRequest,
     Presence,
     PresenceProof,
-    SubscribeRequest,
     SubscriptionUpdate,
-    SystemRequest,
-    UnsubscribeRequest,
 )
 from mycelia.proto.peering import PresenceRejected as PresenceRejectedMessage
 
@@ -79,19 +70,13 @@ class Received:
 SessionEvent = Verified | Received
 
 APPLICATION: Final[tuple[type[Message], ...]] = (
-    GetRequest,
-    GetEventsRequest,
-    FetchRequest,
-    SubscribeRequest,
-    UnsubscribeRequest,
-    CommitRequest,
-    SystemRequest,
+    *RESPONSES,
+    *dict.fromkeys(answer for answers in RESPONSES.values() for answer in answers),
     ErrorResponse,
-    Ack,
-    EventsResponse,
-    DeltasResponse,
     SubscriptionUpdate,
 )
+"""What a READY session passes up: every request and response of the protocol
+(:data:`~mycelia.proto.peering.RESPONSES`), errors, and pushed updates."""
 
 Handler = Callable[["PeerSession", Message], list[SessionEvent]]
 

@@ -26,11 +26,10 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, NoReturn
 
 import msgpack
 
@@ -72,6 +71,9 @@ Operations = tuple[tuple[str, tuple[bytes, ...]], ...]
 
 _KNOWN_NAMES: set[str] = set()
 _KNOWN_NAMES_CAP: Final = 4096
+
+
+_ONLY_CONSTRUCTORS: Final = "build an Event with Event.genesis, Event.update or Event.from_bytes"
 
 
 def _check_name(name: object, what: str, limits: Limits) -> str:
@@ -118,15 +120,11 @@ def _check_operations(operations: Operations, limits: Limits) -> None:
         )
 
 
-class Event(NamedTuple):
-    """One change to one entity. Build with :meth:`genesis`, :meth:`update`, :meth:`from_bytes`.
-
-    An immutable tuple underneath (construction and attribute access are the decode hot
-    path: a tuple costs a third of a frozen dataclass); equality and hashing are by id.
-    """
+class _EventFields(NamedTuple):
+    """The fields of an :class:`Event`, in canonical order (a tuple underneath)."""
 
     id: EventId
-    """The SHA-256 of :meth:`to_bytes`."""
+    """The SHA-256 of :meth:`Event.to_bytes`."""
     entity_id: EntityId
     """The entity this event changes (for a genesis, its own id)."""
     collection: str
@@ -140,7 +138,36 @@ class Event(NamedTuple):
     nonce: bytes | None
     """A genesis's random nonce (``None`` for updates)."""
     canonical: bytes
-    """The canonical bytes; :meth:`to_bytes` returns them."""
+    """The canonical bytes; :meth:`Event.to_bytes` returns them."""
+
+
+class Event(_EventFields):
+    """One change to one entity. Build with :meth:`genesis`, :meth:`update`, :meth:`from_bytes`.
+
+    An immutable tuple underneath (construction and attribute access are the decode hot
+    path: a tuple costs a third of a frozen dataclass); equality and hashing are by id.
+    Those three constructors are the only way in: ``Event(...)``, ``_make`` and
+    ``_replace`` raise TypeError, and a copy or a pickle goes through :meth:`from_bytes`,
+    so an event whose id does not match its content cannot exist. (This module assembles
+    events with :func:`_assemble`, only from fields it has just validated and hashed.)
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, *args: object, **kwargs: object) -> Event:
+        """Refused: an event's id must be computed from its content (see the class)."""
+        raise TypeError(_ONLY_CONSTRUCTORS)
+
+    @classmethod
+    def _make(cls, iterable: Iterable[object]) -> Event:  # type: ignore[override]  # refuses
+        raise TypeError(_ONLY_CONSTRUCTORS)
+
+    def _replace(self, **kwargs: object) -> NoReturn:
+        raise TypeError(_ONLY_CONSTRUCTORS)
+
+    def __reduce__(self) -> tuple[Callable[[bytes], Event], tuple[bytes]]:
+        # copy, deepcopy and pickle rebuild from the canonical bytes, re-hashing them.
+        return (Event.from_bytes, (self.canonical,))
 
     @classmethod
     def genesis(
@@ -149,15 +176,16 @@ class Event(NamedTuple):
         collection: str,
         system: EntityId | None,
         operations: Mapping[str, Sequence[bytes]] | Iterable[tuple[str, Sequence[bytes]]] = (),
-        nonce: bytes | None = None,
+        nonce: bytes,
         limits: Limits = DEFAULT_LIMITS,
     ) -> Event:
         """A new genesis; its id (and the entity's) derives from the content and ``nonce``.
 
-        ``nonce`` defaults to fresh random bytes, so identical payloads make two entities.
-        Raises InvalidArgument for a bad collection name, nonce or oversized operations.
+        ``nonce`` (:data:`NONCE_LENGTH` bytes) comes from the caller's entropy — a node's
+        injected ``rng`` or the OS (this layer reads none, STYLE.md §3) — so identical
+        payloads make two entities. Raises InvalidArgument for a bad collection name,
+        nonce or oversized operations.
         """
-        nonce = secrets.token_bytes(NONCE_LENGTH) if nonce is None else nonce
         ops = normalize_operations(operations)
         try:
             _check_name(collection, "collection", limits)
@@ -333,11 +361,12 @@ def _decode_canonical_update(fields: list[object], data: bytes, limits: Limits) 
     parent = Clock._of_sorted(tuple(ids))
     ops_t = tuple(ops)
     entity_id = _new_entity_id(EntityId, entity)
-    return _new_event(Event, (event_id, entity_id, collection, parent, ops_t, None, None, data))
+    return _assemble(Event, (event_id, entity_id, collection, parent, ops_t, None, None, data))
 
 
 _unpackb = msgpack.unpackb
-_new_event = tuple.__new__
+_assemble = tuple.__new__
+"""The trusted constructor: fields this module has validated, with the id it hashed."""
 _new_event_id = bytes.__new__
 _new_entity_id = bytes.__new__
 _sha256 = hashlib.sha256
@@ -360,14 +389,14 @@ def _finish_genesis(
     raw = pack((GENESIS_TAG, system, collection, nonce, ops))
     event_id = _new_event_id(EventId, _sha256(raw).digest())
     entity = _new_entity_id(EntityId, event_id)
-    return _new_event(Event, (event_id, entity, collection, EMPTY_CLOCK, ops, system, nonce, raw))
+    return _assemble(Event, (event_id, entity, collection, EMPTY_CLOCK, ops, system, nonce, raw))
 
 
 def _finish_update(entity_id: EntityId, collection: str, parent: Clock, ops: Operations) -> Event:
     # Callers have validated every field; this only hashes and assembles.
     raw = pack((UPDATE_TAG, entity_id, collection, parent.ids, ops))
     event_id = _new_event_id(EventId, _sha256(raw).digest())
-    return _new_event(Event, (event_id, entity_id, collection, parent, ops, None, None, raw))
+    return _assemble(Event, (event_id, entity_id, collection, parent, ops, None, None, raw))
 
 
 def _decode_parent(raw: object, limits: Limits) -> tuple[Clock, bool]:

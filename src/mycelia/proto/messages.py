@@ -3,10 +3,13 @@
 Invariants:
 
 - A frame is one msgpack array ``[tag, field, ...]``; ``tag`` names the message class.
-  Every message class registers its tag once with :func:`message`, and
-  :func:`decode_frame` is the only way bytes become a message: an unknown tag, a wrong
-  field count or a wrongly typed field is an :class:`~mycelia.errors.InvalidMessage` (or
-  another :class:`~mycelia.errors.DecodeError`), never a ``dict`` or a half-built object.
+  Every message class registers its tag once with :func:`message`, which also makes it a
+  :class:`~mycelia.proto.schema.Record`: its fields, declared with
+  :func:`~mycelia.proto.schema.wire`, are its schema, and the fields of a frame are
+  encoded and decoded from that declaration alone. :func:`decode_frame` is the only way
+  bytes become a message: an unknown tag, a wrong field count or a wrongly typed field is
+  an :class:`~mycelia.errors.InvalidMessage` (or another
+  :class:`~mycelia.errors.DecodeError`), never a ``dict`` or a half-built object.
 - Messages are frozen values. Events travel as their canonical bytes and are re-verified
   (ids recomputed) by :func:`decode_events`; batches are capped by the limits.
 - The peer-to-peer vocabulary (handshake, requests, responses, updates) lives in
@@ -16,12 +19,13 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import ClassVar, Final, Self, TypeVar
+from typing import ClassVar, Final, TypeVar, dataclass_transform
 
 from mycelia.errors import DecodeError, InvalidArgument, InvalidMessage
-from mycelia.proto.codec import expect_int, expect_list, pack, unpack
+from mycelia.proto.codec import expect_int, pack, unpack
 from mycelia.proto.event import Event
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
+from mycelia.proto.schema import EVENTS, Record, record, wire
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -42,36 +46,33 @@ PROTOCOL_VERSION: Final = 2
 """
 
 
-class Message:
-    """Base of every wire message: a frozen value with a registered tag."""
+class Message(Record):
+    """Base of every wire message: a frozen :class:`~mycelia.proto.schema.Record` with a tag.
+
+    ``to_wire`` / ``from_wire`` (the frame's fields after the tag) come from the schema.
+    """
 
     __slots__ = ()
     TAG: ClassVar[int]
 
-    def to_wire(self) -> list[object]:
-        """The message's fields, positionally (without the tag)."""
-        raise NotImplementedError
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        """Rebuild the message from its fields; raises DecodeError on any bad field."""
-        raise NotImplementedError
-
 
 _REGISTRY: dict[int, type[Message]] = {}
 
-M = TypeVar("M", bound=type[Message])
+M = TypeVar("M", bound=Message)
 
 
-def message(tag: int) -> Callable[[M], M]:
-    """Class decorator: register a message class under ``tag`` (each tag once)."""
+@dataclass_transform(frozen_default=True, field_specifiers=(wire,))
+def message(tag: int) -> Callable[[type[M]], type[M]]:
+    """Class decorator: make a message class a :func:`~mycelia.proto.schema.record` and
+    register it under ``tag`` (each tag once; raises InvalidArgument for a taken one)."""
 
-    def register(cls: M) -> M:
+    def register(cls: type[M]) -> type[M]:
         if tag in _REGISTRY:
             raise InvalidArgument(f"message tag {tag} is taken by {_REGISTRY[tag].__name__}")
-        cls.TAG = tag
-        _REGISTRY[tag] = cls
-        return cls
+        built = record(cls)
+        built.TAG = tag
+        _REGISTRY[tag] = built
+        return built
 
     return register
 
@@ -116,10 +117,4 @@ def encode_events(events: Iterable[Event]) -> list[bytes]:
 
 def decode_events(raw: object, limits: Limits, *, what: str = "events") -> list[Event]:
     """Decode a batch of events, each re-hashed; at most ``limits.max_batch_events``."""
-    items = expect_list(raw, what, max_len=limits.max_batch_events)
-    out = []
-    for item in items:
-        if not isinstance(item, bytes):
-            raise DecodeError(f"{what} items must be bytes, got {type(item).__name__}")
-        out.append(Event.from_bytes(item, limits=limits))
-    return out
+    return list(EVENTS.decode(raw, what, limits))

@@ -1,7 +1,10 @@
 """The peer-to-peer vocabulary: handshake, requests, responses and pushed updates.
 
-Every class here is a registered :class:`~mycelia.proto.messages.Message`; tags are the
-wire contract (never reuse or renumber one). The session that speaks them, with its
+Every class here is a registered :class:`~mycelia.proto.messages.Message` whose fields are
+declared with their codecs and limits (:mod:`mycelia.proto.schema`): that declaration is
+the message's schema, and its encoding and decoding come from it, so a message is spelled
+once. Tags are the wire contract (never reuse or renumber one); the golden frames in
+``tests/proto`` pin every message's bytes. The session that speaks them, with its
 transition table, is :mod:`mycelia.node.session`.
 
 Handshake (ARCHITECTURE.md §7): the first frame each way is a :class:`Presence` carrying
@@ -12,33 +15,47 @@ its credentials token. A version mismatch is answered with :class:`PresenceRejec
 close.
 
 Requests carry a ``request_id`` chosen by the requester; the answer is exactly one
-response with that id: the request's own response type, :class:`Ack`, or
-:class:`ErrorResponse`. Events travel as canonical bytes and are re-verified on decode;
-states as :class:`~mycelia.proto.EntityState` wire arrays.
+response with that id: one of the request's response types in :data:`RESPONSES` (the one
+table of them: responders dispatch on it, requesters check answers against it with
+:func:`expect_response`), or :class:`ErrorResponse`. Events travel as canonical bytes and
+are re-verified on decode; states as :class:`~mycelia.proto.EntityState` wire arrays.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Self
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final, TypeVar
 
-from mycelia.errors import DecodeError, PayloadTooLarge
-from mycelia.proto.codec import (
-    expect_bytes,
-    expect_int,
-    expect_list,
-    expect_name,
-    expect_optional_bytes,
-    expect_str,
-)
+from mycelia.errors import DecodeError, RemoteProtocolError
 from mycelia.proto.event import Event
-from mycelia.proto.ids import ID_LENGTH, EntityId, EventId, NodeId
-from mycelia.proto.limits import Limits
-from mycelia.proto.messages import Message, decode_events, message
+from mycelia.proto.ids import EntityId, EventId, NodeId
+from mycelia.proto.messages import Message, message
+from mycelia.proto.schema import (
+    BOOL,
+    ENTITY_ID,
+    EVENT_ID,
+    EVENTS,
+    NAME,
+    NODE_ID,
+    STATE,
+    Array,
+    Bytes,
+    Int,
+    Nested,
+    Optional,
+    Record,
+    Str,
+    Values,
+    record,
+    wire,
+)
 from mycelia.proto.state import EntityState
 
 __all__ = [
     "CHALLENGE_LENGTH",
+    "REQUESTS",
+    "RESPONSES",
     "SIGNATURE_LENGTH",
     "Ack",
     "CommitRequest",
@@ -57,124 +74,139 @@ __all__ = [
     "SubscriptionUpdate",
     "SystemRequest",
     "UnsubscribeRequest",
+    "expect_response",
 ]
 
 CHALLENGE_LENGTH: Final = 32
 SIGNATURE_LENGTH: Final = 64
 MAX_TOKEN: Final = 8192
 MAX_QUERY_TEXT: Final = 64 * 1024
+MAX_QUERY_ARGS: Final = 256
 
-
-def _bool(obj: object, what: str) -> bool:
-    if not isinstance(obj, bool):
-        expect_int(obj, what)  # raises with a clear message
-    return bool(obj)
-
-
-def _entity(obj: object, what: str) -> EntityId:
-    return EntityId._trusted(expect_bytes(obj, what, length=ID_LENGTH))
-
-
-def _event_id(obj: object, what: str) -> EventId:
-    return EventId._trusted(expect_bytes(obj, what, length=ID_LENGTH))
-
-
-def _rid(obj: object) -> int:
-    return expect_int(obj, "request id", minimum=0)
+REQUEST_ID: Final = Int()
+QUERY_ID: Final = Int()
+QUERY: Final = Str(MAX_QUERY_TEXT)
+ARGS: Final = Values(MAX_QUERY_ARGS)
+CLOCK: Final = Array(EVENT_ID, limit="max_clock_width")
+"""A head or a base: event ids, at most a clock's width."""
 
 
 @message(1)
-@dataclass(frozen=True, slots=True)
 class Presence(Message):
     """The first frame each way: who the sender is and a challenge for the peer to sign."""
 
-    node_id: NodeId
-    durable: bool
-    system_root: EntityId | None
-    protocol_version: int
-    challenge: bytes
-
-    def to_wire(self) -> list[object]:
-        return [self.node_id, self.durable, self.system_root, self.protocol_version, self.challenge]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        node, durable, root, version, challenge = expect_list(fields, "Presence", length=5)
-        return cls(
-            NodeId(expect_bytes(node, "node id", length=ID_LENGTH)),
-            _bool(durable, "durable"),
-            None if root is None else _entity(root, "system root"),
-            expect_int(version, "protocol version", minimum=0),
-            expect_bytes(challenge, "challenge", length=CHALLENGE_LENGTH),
-        )
+    node_id: NodeId = wire(NODE_ID)
+    durable: bool = wire(BOOL)
+    system_root: EntityId | None = wire(Optional(ENTITY_ID))
+    protocol_version: int = wire(Int())
+    challenge: bytes = wire(Bytes(length=CHALLENGE_LENGTH))
 
 
 @message(2)
-@dataclass(frozen=True, slots=True)
 class PresenceProof(Message):
     """The second frame each way: a signature over the peer's challenge, and credentials."""
 
-    signature: bytes
-    token: bytes | None = None
-
-    def to_wire(self) -> list[object]:
-        return [self.signature, self.token]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        signature, token = expect_list(fields, "PresenceProof", length=2)
-        token_bytes = expect_optional_bytes(token, "token")
-        if token_bytes is not None and len(token_bytes) > MAX_TOKEN:
-            raise PayloadTooLarge(f"a token is at most {MAX_TOKEN} bytes")
-        return cls(expect_bytes(signature, "signature", length=SIGNATURE_LENGTH), token_bytes)
+    signature: bytes = wire(Bytes(length=SIGNATURE_LENGTH))
+    token: bytes | None = wire(Optional(Bytes(max_len=MAX_TOKEN)), default=None)
 
 
 @message(3)
-@dataclass(frozen=True, slots=True)
 class PresenceRejected(Message):
     """Sent before closing when the peer's Presence cannot be accepted."""
 
-    reason: str
-    expected_version: int
-    received_version: int
-
-    def to_wire(self) -> list[object]:
-        return [self.reason, self.expected_version, self.received_version]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        reason, expected, received = expect_list(fields, "PresenceRejected", length=3)
-        return cls(
-            expect_str(reason, "reason", max_len=1024),
-            expect_int(expected, "expected version", minimum=0),
-            expect_int(received, "received version", minimum=0),
-        )
+    reason: str = wire(Str(1024))
+    expected_version: int = wire(Int())
+    received_version: int = wire(Int())
 
 
-@dataclass(frozen=True, slots=True)
-class KnownEntity:
+@record
+class KnownEntity(Record):
     """What a requester already holds of an entity: its head."""
 
-    entity_id: EntityId
-    head: tuple[EventId, ...]
-
-    def to_wire(self) -> list[object]:
-        return [self.entity_id, list(self.head)]
-
-    @classmethod
-    def from_wire(cls, obj: object, limits: Limits) -> KnownEntity:
-        entity, head = expect_list(obj, "known entity", length=2)
-        ids = expect_list(head, "known head", max_len=limits.max_clock_width)
-        return cls(_entity(entity, "entity id"), tuple(_event_id(i, "head id") for i in ids))
+    entity_id: EntityId = wire(ENTITY_ID)
+    head: tuple[EventId, ...] = wire(CLOCK)
 
 
-def _known(obj: object, limits: Limits) -> tuple[KnownEntity, ...]:
-    items = expect_list(obj, "known entities", max_len=limits.max_batch_events)
-    return tuple(KnownEntity.from_wire(i, limits) for i in items)
+KNOWN: Final = Array(Nested(KnownEntity), limit="max_batch_events")
 
 
-@dataclass(frozen=True, slots=True)
-class Delta:
+@message(10)
+class GetRequest(Message):
+    """Ask for the current state of entities by id, answered by :class:`DeltasResponse`.
+
+    ``known`` lets the responder send only what is missing (and say when its state
+    descends from what the requester holds); unknown or unreadable ids are absent.
+    """
+
+    request_id: int = wire(REQUEST_ID)
+    entity_ids: tuple[EntityId, ...] = wire(Array(ENTITY_ID, limit="max_batch_events"))
+    known: tuple[KnownEntity, ...] = wire(KNOWN, default=())
+
+
+@message(11)
+class GetEventsRequest(Message):
+    """Ask for events by id, plus up to ``ahead`` of their ancestors (cut to a batch)."""
+
+    request_id: int = wire(REQUEST_ID)
+    event_ids: tuple[EventId, ...] = wire(Array(EVENT_ID, limit="max_batch_events"))
+    ahead: int = wire(Int(clamp="max_batch_events"), default=0)
+
+
+@message(14)
+class UnsubscribeRequest(Message):
+    """Stop a standing query: the responder stops pushing its updates."""
+
+    request_id: int = wire(REQUEST_ID)
+    query_id: int = wire(QUERY_ID)
+
+
+@message(15)
+class CommitRequest(Message):
+    """Commit events made elsewhere (all-or-nothing on the responder)."""
+
+    request_id: int = wire(REQUEST_ID)
+    events: tuple[Event, ...] = wire(EVENTS)
+
+
+@message(16)
+class SystemRequest(Message):
+    """Ask for the events that define the responder's system (its root)."""
+
+    request_id: int = wire(REQUEST_ID)
+
+
+# The query requests, then the deltas that answer them (and their pushed updates).
+
+
+@message(12)
+class FetchRequest(Message):
+    """A one-shot query; ``known`` lets the responder send only what is missing."""
+
+    request_id: int = wire(REQUEST_ID)
+    collection: str = wire(NAME)
+    query: str = wire(QUERY)
+    """The query text (ARCHITECTURE.md §8), with ``?`` placeholders."""
+    args: tuple[object, ...] = wire(ARGS)
+    """The placeholders' values, in order."""
+    known: tuple[KnownEntity, ...] = wire(KNOWN)
+
+
+@message(13)
+class SubscribeRequest(Message):
+    """Start (or replace) a standing query; answered like a fetch, then updates follow."""
+
+    request_id: int = wire(REQUEST_ID)
+    query_id: int = wire(QUERY_ID)
+    """The requester's name for this standing query: its updates carry it."""
+    collection: str = wire(NAME)
+    query: str = wire(QUERY)
+    args: tuple[object, ...] = wire(ARGS)
+    known: tuple[KnownEntity, ...] = wire(KNOWN)
+    """What the requester holds already, as for a fetch."""
+
+
+@record
+class Delta(Record):
     """What a responder sends about one entity: a snapshot and/or events, and membership.
 
     ``matches`` is False when the entity no longer satisfies the query it is sent for (the
@@ -185,243 +217,42 @@ class Delta:
     durable peer) takes the state without walking the history between the two.
     """
 
-    entity_id: EntityId
-    collection: str
-    matches: bool
-    state: EntityState | None
-    events: tuple[Event, ...]
-    base: tuple[EventId, ...] | None = None
+    entity_id: EntityId = wire(ENTITY_ID)
+    collection: str = wire(NAME)
+    matches: bool = wire(BOOL)
+    state: EntityState | None = wire(Optional(STATE))
+    events: tuple[Event, ...] = wire(EVENTS)
+    base: tuple[EventId, ...] | None = wire(Optional(CLOCK), default=None)
 
-    def to_wire(self) -> list[object]:
-        state = None if self.state is None else self.state.to_wire()
-        events = [e.to_bytes() for e in self.events]
-        base = None if self.base is None else list(self.base)
-        return [self.entity_id, self.collection, self.matches, state, events, base]
-
-    @classmethod
-    def from_wire(cls, obj: object, limits: Limits) -> Delta:
-        entity, collection, matches, state, events, base = expect_list(obj, "delta", length=6)
-        entity_id = _entity(entity, "entity id")
-        name = expect_name(collection, "collection", limits=limits)
-        decoded_state = None if state is None else EntityState.from_wire(state, limits=limits)
-        decoded_events = tuple(decode_events(events, limits, what="delta events"))
-        decoded_base = None
-        if base is not None:
-            if decoded_state is None:
-                raise DecodeError("a delta's base comes only with a state")
-            ids = expect_list(base, "delta base", max_len=limits.max_clock_width)
-            decoded_base = tuple(_event_id(i, "base id") for i in ids)
-        return cls(
-            entity_id, name, _bool(matches, "matches"), decoded_state, decoded_events, decoded_base
-        )
+    def check_decoded(self) -> None:
+        """Raises DecodeError for a base without a state."""
+        if self.base is not None and self.state is None:
+            raise DecodeError("a delta's base comes only with a state")
 
 
-def _deltas(obj: object, limits: Limits) -> tuple[Delta, ...]:
-    items = expect_list(obj, "deltas", max_len=limits.max_batch_events)
-    return tuple(Delta.from_wire(i, limits) for i in items)
-
-
-def _args(obj: object) -> tuple[object, ...]:
-    return tuple(expect_list(obj, "query arguments", max_len=256))
-
-
-@message(10)
-@dataclass(frozen=True, slots=True)
-class GetRequest(Message):
-    """Ask for the current state of entities by id, answered by :class:`DeltasResponse`.
-
-    ``known`` lets the responder send only what is missing (and say when its state
-    descends from what the requester holds); unknown or unreadable ids are absent.
-    """
-
-    request_id: int
-    entity_ids: tuple[EntityId, ...]
-    known: tuple[KnownEntity, ...] = ()
-
-    def to_wire(self) -> list[object]:
-        return [self.request_id, list(self.entity_ids), [k.to_wire() for k in self.known]]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, ids, known = expect_list(fields, "GetRequest", length=3)
-        items = expect_list(ids, "entity ids", max_len=limits.max_batch_events)
-        entity_ids = tuple(_entity(i, "entity id") for i in items)
-        return cls(_rid(rid), entity_ids, _known(known, limits))
-
-
-@message(11)
-@dataclass(frozen=True, slots=True)
-class GetEventsRequest(Message):
-    """Ask for events by id, plus up to ``ahead`` of their ancestors."""
-
-    request_id: int
-    event_ids: tuple[EventId, ...]
-    ahead: int = 0
-
-    def to_wire(self) -> list[object]:
-        return [self.request_id, list(self.event_ids), self.ahead]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, ids, ahead = expect_list(fields, "GetEventsRequest", length=3)
-        items = expect_list(ids, "event ids", max_len=limits.max_batch_events)
-        return cls(
-            _rid(rid),
-            tuple(_event_id(i, "event id") for i in items),
-            min(expect_int(ahead, "ahead", minimum=0), limits.max_batch_events),
-        )
-
-
-@message(12)
-@dataclass(frozen=True, slots=True)
-class FetchRequest(Message):
-    """A one-shot query; ``known`` lets the responder send only what is missing."""
-
-    request_id: int
-    collection: str
-    query: str
-    args: tuple[object, ...]
-    known: tuple[KnownEntity, ...]
-
-    def to_wire(self) -> list[object]:
-        known = [k.to_wire() for k in self.known]
-        return [self.request_id, self.collection, self.query, list(self.args), known]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, collection, query, args, known = expect_list(fields, "FetchRequest", length=5)
-        return cls(
-            _rid(rid),
-            expect_name(collection, "collection", limits=limits),
-            expect_str(query, "query", max_len=MAX_QUERY_TEXT),
-            _args(args),
-            _known(known, limits),
-        )
-
-
-@message(13)
-@dataclass(frozen=True, slots=True)
-class SubscribeRequest(Message):
-    """Start (or replace) a standing query; answered like a fetch, then updates follow."""
-
-    request_id: int
-    query_id: int
-    collection: str
-    query: str
-    args: tuple[object, ...]
-    known: tuple[KnownEntity, ...]
-
-    def to_wire(self) -> list[object]:
-        known = [k.to_wire() for k in self.known]
-        fields = [self.request_id, self.query_id, self.collection, self.query]
-        return [*fields, list(self.args), known]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, qid, collection, query, args, known = expect_list(fields, "SubscribeRequest", length=6)
-        return cls(
-            _rid(rid),
-            expect_int(qid, "query id", minimum=0),
-            expect_name(collection, "collection", limits=limits),
-            expect_str(query, "query", max_len=MAX_QUERY_TEXT),
-            _args(args),
-            _known(known, limits),
-        )
-
-
-@message(14)
-@dataclass(frozen=True, slots=True)
-class UnsubscribeRequest(Message):
-    """Stop a standing query: the responder stops pushing its updates."""
-
-    request_id: int
-    query_id: int
-
-    def to_wire(self) -> list[object]:
-        return [self.request_id, self.query_id]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, qid = expect_list(fields, "UnsubscribeRequest", length=2)
-        return cls(_rid(rid), expect_int(qid, "query id", minimum=0))
-
-
-@message(15)
-@dataclass(frozen=True, slots=True)
-class CommitRequest(Message):
-    """Commit events made elsewhere (all-or-nothing on the responder)."""
-
-    request_id: int
-    events: tuple[Event, ...]
-
-    def to_wire(self) -> list[object]:
-        return [self.request_id, [e.to_bytes() for e in self.events]]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, events = expect_list(fields, "CommitRequest", length=2)
-        return cls(_rid(rid), tuple(decode_events(events, limits)))
-
-
-@message(16)
-@dataclass(frozen=True, slots=True)
-class SystemRequest(Message):
-    """Ask for the events that define the responder's system (its root)."""
-
-    request_id: int
-
-    def to_wire(self) -> list[object]:
-        return [self.request_id]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        (rid,) = expect_list(fields, "SystemRequest", length=1)
-        return cls(_rid(rid))
+DELTAS: Final = Array(Nested(Delta), limit="max_batch_events")
 
 
 @message(20)
-@dataclass(frozen=True, slots=True)
 class ErrorResponse(Message):
     """A request failed on the peer: ``kind`` is the error class name there."""
 
-    request_id: int
-    kind: str
-    text: str
-
-    def to_wire(self) -> list[object]:
-        return [self.request_id, self.kind, self.text]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, kind, text = expect_list(fields, "ErrorResponse", length=3)
-        return cls(
-            _rid(rid),
-            expect_str(kind, "error kind", max_len=64),
-            expect_str(text, "error text", max_len=4096),
-        )
+    request_id: int = wire(REQUEST_ID)
+    kind: str = wire(Str(64))
+    text: str = wire(Str(4096))
 
 
 @message(21)
-@dataclass(frozen=True, slots=True)
 class Ack(Message):
     """A request succeeded and has nothing to return."""
 
-    request_id: int
-
-    def to_wire(self) -> list[object]:
-        return [self.request_id]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        (rid,) = expect_list(fields, "Ack", length=1)
-        return cls(_rid(rid))
+    request_id: int = wire(REQUEST_ID)
 
 
 # Tag 22 (StatesResponse, protocol 1) is retired: GetRequest is answered with deltas.
 
 
 @message(23)
-@dataclass(frozen=True, slots=True)
 class EventsResponse(Message):
     """Events answering :class:`GetEventsRequest` or :class:`SystemRequest`.
 
@@ -430,52 +261,61 @@ class EventsResponse(Message):
     ephemeral node walking history it never held) uses it to order its walk.
     """
 
-    request_id: int
-    events: tuple[Event, ...]
-    generations: tuple[int, ...] = ()
+    request_id: int = wire(REQUEST_ID)
+    events: tuple[Event, ...] = wire(EVENTS)
+    generations: tuple[int, ...] = wire(Array(Int(minimum=1), limit="max_batch_events"), default=())
 
-    def to_wire(self) -> list[object]:
-        return [self.request_id, [e.to_bytes() for e in self.events], list(self.generations)]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, events, generations = expect_list(fields, "EventsResponse", length=3)
-        decoded = tuple(decode_events(events, limits))
-        gens = expect_list(generations, "generations", max_len=len(decoded))
-        if gens and len(gens) != len(decoded):
+    def check_decoded(self) -> None:
+        """Raises DecodeError unless there is one generation per event, or none."""
+        if self.generations and len(self.generations) != len(self.events):
             raise DecodeError("an events response needs one generation per event, or none")
-        return cls(_rid(rid), decoded, tuple(expect_int(g, "generation", minimum=1) for g in gens))
 
 
 @message(24)
-@dataclass(frozen=True, slots=True)
 class DeltasResponse(Message):
-    """Per-entity deltas answering :class:`FetchRequest` or :class:`SubscribeRequest`."""
+    """Per-entity deltas answering :class:`GetRequest`, :class:`FetchRequest` or
+    :class:`SubscribeRequest` (then :class:`SubscriptionUpdate` frames follow)."""
 
-    request_id: int
-    deltas: tuple[Delta, ...]
-
-    def to_wire(self) -> list[object]:
-        return [self.request_id, [d.to_wire() for d in self.deltas]]
-
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        rid, deltas = expect_list(fields, "DeltasResponse", length=2)
-        return cls(_rid(rid), _deltas(deltas, limits))
+    request_id: int = wire(REQUEST_ID)
+    deltas: tuple[Delta, ...] = wire(DELTAS)
 
 
 @message(30)
-@dataclass(frozen=True, slots=True)
 class SubscriptionUpdate(Message):
     """Pushed to a subscriber: what changed for one of its standing queries."""
 
-    query_id: int
-    deltas: tuple[Delta, ...]
+    query_id: int = wire(QUERY_ID)
+    deltas: tuple[Delta, ...] = wire(DELTAS)
 
-    def to_wire(self) -> list[object]:
-        return [self.query_id, [d.to_wire() for d in self.deltas]]
 
-    @classmethod
-    def from_wire(cls, fields: list[object], limits: Limits) -> Self:
-        qid, deltas = expect_list(fields, "SubscriptionUpdate", length=2)
-        return cls(expect_int(qid, "query id", minimum=0), _deltas(deltas, limits))
+RESPONSES: Final[Mapping[type[Message], tuple[type[Message], ...]]] = MappingProxyType(
+    {
+        GetRequest: (DeltasResponse,),
+        GetEventsRequest: (EventsResponse,),
+        FetchRequest: (DeltasResponse,),
+        SubscribeRequest: (DeltasResponse,),
+        UnsubscribeRequest: (Ack,),
+        CommitRequest: (Ack,),
+        SystemRequest: (EventsResponse,),
+    }
+)
+"""Each request type → the response types that answer it when it succeeds. Any request
+may instead be answered with :class:`ErrorResponse`; nothing else answers one."""
+
+REQUESTS: Final = tuple(RESPONSES)
+"""Every request type, in :data:`RESPONSES` order (what a responder serves)."""
+
+R = TypeVar("R", bound=Message)
+
+
+def expect_response(response: Message, expected: type[R]) -> R:
+    """``response`` as the ``expected`` type (the requester's check of a peer's answer).
+
+    Raises:
+        RemoteProtocolError: the peer answered with another message type.
+    """
+    if not isinstance(response, expected):
+        raise RemoteProtocolError(
+            f"expected {expected.__name__}, the peer answered {type(response).__name__}"
+        )
+    return response

@@ -1,18 +1,17 @@
 """``mycelia.retrieval``: the capabilities the comparison and the applier read through.
 
-Narrow :class:`typing.Protocol` s owned by their consumers (STYLE.md §3): ``GetEvents`` can
-read, not write; only the outermost applier holds ``SuspenseEvents``. The staging map and
-the getters that combine it with storage (and, on ephemeral nodes, a remote peer) are here.
+Narrow :class:`typing.Protocol` s owned by their consumers (STYLE.md §3): the comparison
+reads through ``EventSource`` and cannot write; only the applier holds ``EntityStore``
+(reads plus one atomic write). The staging map and the getters that combine it with
+storage (and, on ephemeral nodes, a remote peer) are here.
 """
 
 from mycelia.retrieval.getters import CachedGetter, LocalGetter, RemoteEvents
 from mycelia.retrieval.protocols import (
     EntityStore,
     EventSource,
-    GetEvents,
     GetState,
     StoredState,
-    SuspenseEvents,
     WriteBatch,
     WriteResult,
 )
@@ -22,13 +21,11 @@ __all__ = [
     "CachedGetter",
     "EntityStore",
     "EventSource",
-    "GetEvents",
     "GetState",
     "LocalGetter",
     "RemoteEvents",
     "StagingMap",
     "StoredState",
-    "SuspenseEvents",
     "WriteBatch",
     "WriteResult",
 ]

@@ -22,14 +22,13 @@ supplies it; it answers with nothing when no peer is reachable)."""
 
 
 class LocalGetter:
-    """Staging, then storage."""
+    """Staging, then storage: an :class:`~mycelia.retrieval.EventSource` for the comparison."""
 
-    __slots__ = ("_definitive", "_staging", "_storage")
+    __slots__ = ("_staging", "_storage")
 
-    def __init__(self, staging: StagingMap, storage: EventSource, *, definitive: bool) -> None:
+    def __init__(self, staging: StagingMap, storage: EventSource) -> None:
         self._staging = staging
         self._storage = storage
-        self._definitive = definitive
 
     async def get_events(
         self, ids: Collection[EventId], *, ahead: int = 0
@@ -42,22 +41,6 @@ class LocalGetter:
             for eid, event in more.items():
                 found.setdefault(eid, event)
         return found
-
-    async def event_stored(self, event_id: EventId) -> bool:
-        """Whether storage (not staging) holds ``event_id``."""
-        return event_id in await self._storage.get_events((event_id,))
-
-    def storage_is_definitive(self) -> bool:
-        """True on durable nodes."""
-        return self._definitive
-
-    def stage(self, event: AdmittedEvent) -> None:
-        """Stage ``event`` for this applier run."""
-        self._staging.stage(event)
-
-    def staged(self) -> list[AdmittedEvent]:
-        """The staged events, in staging order."""
-        return self._staging.staged()
 
 
 class CachedGetter(LocalGetter):
@@ -79,7 +62,7 @@ class CachedGetter(LocalGetter):
         *,
         entity_id: EntityId,
     ) -> None:
-        super().__init__(staging, storage, definitive=False)
+        super().__init__(staging, storage)
         self._remote = remote
         self._entity = entity_id
         self._fetched: dict[EventId, AdmittedEvent] = {}

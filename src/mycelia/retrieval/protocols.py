@@ -12,6 +12,11 @@ calls in all, which matters most for a remote getter (one round trip each).
 
 Generations are computed by the receiver on admission (1 + the largest parent generation)
 and stored with the event; they are never taken from the wire.
+
+Three capabilities, each what one consumer needs and no more: :class:`EventSource` (the
+comparison reads through it), :class:`GetState` (entity states), and :class:`EntityStore`
+(the applier: both reads plus one atomic write). Staging is not a capability: the applier
+stages into a :class:`~mycelia.retrieval.StagingMap` it owns, and a getter reads it first.
 """
 
 from __future__ import annotations
@@ -25,10 +30,8 @@ from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
 __all__ = [
     "EntityStore",
     "EventSource",
-    "GetEvents",
     "GetState",
     "StoredState",
-    "SuspenseEvents",
     "WriteBatch",
     "WriteResult",
 ]
@@ -45,35 +48,11 @@ class EventSource(Protocol):
         ...
 
 
-class GetEvents(EventSource, Protocol):
-    """Read access to events for the comparison layer."""
-
-    async def event_stored(self, event_id: EventId) -> bool:
-        """Whether ``event_id`` is durably stored here (staging does not count)."""
-        ...
-
-    def storage_is_definitive(self) -> bool:
-        """Whether a negative :meth:`event_stored` is proof (true on durable nodes)."""
-        ...
-
-
 class GetState(Protocol):
     """Read access to entity states."""
 
     async def get_state(self, entity_id: EntityId) -> EntityState | None:
         """The stored state of ``entity_id``, or ``None`` if there is none."""
-        ...
-
-
-class SuspenseEvents(GetEvents, Protocol):
-    """A getter the applier can also stage into: staged events are visible, not durable."""
-
-    def stage(self, event: AdmittedEvent) -> None:
-        """Make ``event`` visible to :meth:`get_events` (not to :meth:`event_stored`)."""
-        ...
-
-    def staged(self) -> list[AdmittedEvent]:
-        """Every staged event, in the order staged."""
         ...
 
 

@@ -246,7 +246,7 @@ async def merge_with_stored(
             f"{stored.collection!r}"
         )
     durable = check.rules.durable_target
-    getter = LocalGetter(check.staging, engine, definitive=durable)
+    getter = LocalGetter(check.staging, engine)
     hints = {**stored.state.head_generations(), **incoming.state.head_generations()}
     try:
         outcome = await compare(getter, incoming.state.head, stored.state.head, hints=hints)

@@ -16,10 +16,6 @@
   deltas its durable peer sends (a lost update). Its copy and live queries then fall
   behind for good unless something repairs them, which the checkers must report.
 
-- :func:`pin_fallback_text_ids` pins the one piece of entropy a node does not take from
-  its injected ``rng``: the Yrs client ids of text documents created outside a
-  transaction's fork (see its docstring). Pinning entropy is what a mock may do here.
-
 Invariant: outside the ``with`` block (or after :meth:`FaultyStorage.disarm`) behaviour is
 exactly the real one.
 """
@@ -31,7 +27,6 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from mycelia.entity import EntityChange
-from mycelia.entity.backends import text as text_backend
 from mycelia.entity.backends.lww import LwwBackend
 from mycelia.errors import StorageError
 from mycelia.node.upstream import Upstream
@@ -40,13 +35,7 @@ from mycelia.proto.peering import Delta
 from mycelia.retrieval import WriteBatch, WriteResult
 from mycelia.storage import MemoryStorage
 
-__all__ = [
-    "FaultyStorage",
-    "InjectedFailure",
-    "broken_lww",
-    "dropped_deltas",
-    "pin_fallback_text_ids",
-]
+__all__ = ["FaultyStorage", "InjectedFailure", "broken_lww", "dropped_deltas"]
 
 
 class InjectedFailure(StorageError):
@@ -118,17 +107,3 @@ def dropped_deltas(every: int = 5) -> Iterator[None]:
         yield
     finally:
         Upstream.apply_deltas = original  # type: ignore[method-assign]
-
-
-def pin_fallback_text_ids(seed: str | None) -> None:
-    """Seed the client ids Yrs documents get when no :class:`ClientIds` is passed.
-
-    A node draws text client ids from its injected ``rng``, except for a text document
-    created lazily (``Entity.backend("text")`` → ``TextBackend.empty()``), which draws from
-    a module-level generator seeded from the OS — in particular the first text edit of an
-    entity that had no text yet, whose fork has no text backend to copy. Its client id ends
-    up in the event's Yrs update, so without this a seeded simulation is not reproducible.
-    ``None`` re-seeds from the OS. (Reported upstream: ``Entity.fork`` could create the
-    text backend from ``text_ids`` when it is missing.)
-    """
-    text_backend._DEFAULT_IDS._rng.seed(seed)

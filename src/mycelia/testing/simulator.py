@@ -57,7 +57,7 @@ from mycelia.testing.actions import (
     Wait,
     literal,
 )
-from mycelia.testing.faults import InjectedFailure, pin_fallback_text_ids
+from mycelia.testing.faults import InjectedFailure
 from mycelia.testing.fields import apply_edit, random_values
 from mycelia.testing.gossip import Replicator
 from mycelia.testing.invariants import (
@@ -150,7 +150,6 @@ class Simulation:
     async def open(cls, config: SimConfig, seed: int, *, trace: Trace | None = None) -> Simulation:
         """Start every node (the first durable one creates the system) and the intruder."""
         sim = cls(config, seed, trace or Trace())
-        pin_fallback_text_ids(f"mycelia-sim/text/{seed}")
         first = sim.nodes[0]
         node = await sim._start(first)
         await node.create_system()

@@ -11,19 +11,28 @@ Invariants (ARCHITECTURE.md §5 "Text"):
   update since the fork (or the last diff). A client id must never be used by two live
   forks at once (Yrs would mint two items with one id), so forks draw fresh ids from the
   injected :class:`ClientIds`.
+- A document made without a :class:`ClientIds` (a resident entity, a decoded state, a
+  peer's state being merged) is a *replica*: it applies and merges updates but refuses
+  local edits (:class:`~mycelia.errors.TransactionError`), so it needs no client id of its
+  own and this module draws no entropy (STYLE.md §3). Its Yrs client id is
+  :data:`REPLICA_CLIENT_ID`, which mints nothing.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Final, Self
 
 from pycrdt import Doc, Text
 
-from mycelia.errors import DecodeError
+from mycelia.errors import DecodeError, TransactionError
 from mycelia.proto import AdmittedEvent
 
-__all__ = ["ClientIds", "TextBackend"]
+__all__ = ["REPLICA_CLIENT_ID", "ClientIds", "TextBackend"]
+
+REPLICA_CLIENT_ID: Final = 0
+"""The Yrs client id of a replica document (it takes no local edits, so it mints no items;
+:class:`ClientIds` only hands out odd ids, never this one)."""
 
 
 class ClientIds:
@@ -36,7 +45,9 @@ class ClientIds:
     """
 
     def __init__(self, rng: random.Random | None = None) -> None:
-        self._rng = rng or random.Random()  # ids, not secrets
+        # ids, not secrets; without an injected rng, one seeded from the OS (the caller's
+        # choice: a node passes its own entropy when it has been given one).
+        self._rng = rng or random.Random()
         self._free: list[int] = []
 
     def next(self) -> int:
@@ -46,12 +57,17 @@ class ClientIds:
         return self._rng.getrandbits(52) | 1
 
     def release(self, client_id: int) -> None:
-        """Give back an id whose fork's edits are all published here, or discarded."""
-        if client_id not in self._free:
+        """Give back an id whose fork's edits are all published here, or discarded.
+
+        A replica's id (:data:`REPLICA_CLIENT_ID`) was never leased and is ignored.
+        """
+        if client_id != REPLICA_CLIENT_ID and client_id not in self._free:
             self._free.append(client_id)
 
 
-_DEFAULT_IDS = ClientIds()
+def _new_doc(ids: ClientIds | None) -> Doc[Any]:
+    """A document with a fresh client id from ``ids``, or a replica's without ``ids``."""
+    return Doc(client_id=REPLICA_CLIENT_ID if ids is None else ids.next())
 
 
 class TextBackend:
@@ -68,14 +84,15 @@ class TextBackend:
 
     @classmethod
     def empty(cls, ids: ClientIds | None = None) -> Self:
-        """No text (local edits on it will use a client id from ``ids``)."""
-        doc: Doc[Any] = Doc(client_id=(ids or _DEFAULT_IDS).next())
+        """No text; local edits on it use a client id from ``ids`` (a replica without)."""
+        doc = _new_doc(ids)
         return cls(doc, doc.get_state())
 
     @classmethod
-    def from_state(cls, buffer: bytes) -> Self:
-        """Rebuild from a full update; raises DecodeError if malformed."""
-        doc: Doc[Any] = Doc(client_id=_DEFAULT_IDS.next())
+    def from_state(cls, buffer: bytes, ids: ClientIds | None = None) -> Self:
+        """Rebuild from a full update (a replica without ``ids``); raises DecodeError if
+        malformed."""
+        doc = _new_doc(ids)
         _apply_update(doc, buffer)
         return cls(doc, doc.get_state())
 
@@ -106,6 +123,11 @@ class TextBackend:
         """The Yrs client id local edits on this copy are made with."""
         return int(self._doc.client_id)
 
+    @property
+    def is_replica(self) -> bool:
+        """Whether this copy was made without client ids (it refuses local edits)."""
+        return self.client_id == REPLICA_CLIENT_ID
+
     def merge(self, other: Self) -> set[str]:
         """Apply the other document's full state (Yrs updates are idempotent)."""
         before = self.values()
@@ -114,8 +136,8 @@ class TextBackend:
         return {p for p in after if before.get(p) != after[p]}
 
     def fork(self, ids: ClientIds | None = None) -> Self:
-        """A copy with its own client id (O(document): the update is re-applied)."""
-        doc: Doc[Any] = Doc(client_id=(ids or _DEFAULT_IDS).next())
+        """A copy with a fresh client id from ``ids`` (a replica without), O(document)."""
+        doc = _new_doc(ids)
         doc.apply_update(self._doc.get_update())
         return type(self)(doc, doc.get_state())
 
@@ -127,21 +149,28 @@ class TextBackend:
 
     def insert(self, prop: str, offset: int, text: str) -> None:
         """Insert ``text`` at UTF-8 byte ``offset`` of ``prop`` (a local edit)."""
-        self._edited = True
+        self._begin_edit()
         self.text(prop).insert(offset, text)
 
     def delete(self, prop: str, start: int, stop: int) -> None:
         """Delete UTF-8 bytes ``start:stop`` of ``prop`` (a local edit)."""
-        self._edited = True
+        self._begin_edit()
         del self.text(prop)[start:stop]
 
     def replace(self, prop: str, text: str) -> None:
         """Replace the whole of ``prop`` (a local edit, one Yrs transaction)."""
-        self._edited = True
+        self._begin_edit()
         target = self.text(prop)
         with self._doc.transaction():
             del target[0 : len(target)]
             target.insert(0, text)
+
+    def _begin_edit(self) -> None:
+        if self.is_replica:
+            raise TransactionError(
+                "a replica's text takes no local edits: edit a fork made with ClientIds"
+            )
+        self._edited = True
 
     def take_diff(self) -> bytes | None:
         """The edits since the fork (or the last diff) as one Yrs update, or ``None``."""
