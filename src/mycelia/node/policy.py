@@ -9,13 +9,20 @@ whatever the agent says (the node enforces that itself).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from mycelia.entity import Snapshot
 from mycelia.errors import PolicyDenied
 from mycelia.proto import AdmittedEvent, NodeId, is_reserved_collection
 
-__all__ = ["Credentials", "PeerInfo", "PermissiveAgent", "PolicyAgent", "check_not_reserved"]
+__all__ = [
+    "Credentials",
+    "NamesSubjects",
+    "PeerInfo",
+    "PermissiveAgent",
+    "PolicyAgent",
+    "check_not_reserved",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +72,15 @@ class PolicyAgent(Protocol):
         event: AdmittedEvent,
     ) -> None:
         """May these credentials make this change (``before.exists`` is False: a create)?"""
+        ...
+
+
+@runtime_checkable
+class NamesSubjects(Protocol):
+    """An agent that can say who credentials belong to (the server logs it per connection)."""
+
+    def subject(self, credentials: Credentials) -> str | None:
+        """The name the credentials prove (``None``: anonymous or invalid)."""
         ...
 
 
