@@ -142,8 +142,9 @@ class TokenIssuer:
     @classmethod
     def from_secret_file(cls, path: str | os.PathLike[str]) -> TokenIssuer:
         """The issuer whose PEM secret key is in ``path``; raises ConfigError if unusable."""
+        pem = _read_key_file(path, "secret")
         try:
-            key = load_pem_private_key(_read_key_file(path, "secret"), password=None)
+            key = load_pem_private_key(pem, password=None)
         except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise ConfigError(
                 f"{path} is not an unencrypted PEM Ed25519 secret key "
@@ -190,8 +191,9 @@ class TokenIssuer:
 
 def load_public_key(path: str | os.PathLike[str]) -> bytes:
     """The raw Ed25519 public key in the PEM file ``path``; raises ConfigError if unusable."""
+    pem = _read_key_file(path, "public")
     try:
-        key = load_pem_public_key(_read_key_file(path, "public"))
+        key = load_pem_public_key(pem)
     except (ValueError, UnsupportedAlgorithm) as exc:
         raise ConfigError(f"{path} is not a PEM Ed25519 public key") from exc
     if not isinstance(key, Ed25519PublicKey):
