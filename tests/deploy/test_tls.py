@@ -41,9 +41,8 @@ async def test_a_client_that_trusts_the_certificate_syncs_over_wss(
     assert tls_server.url.startswith("wss://127.0.0.1:")
     # websockets verifies wss:// with the default context, which reads SSL_CERT_FILE.
     monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
-    async with client(tls_server.url, None) as (node, _):
-        async with node.context().transaction() as trx:
-            album = trx.create(Album, artist="over TLS", year=2024)
+    async with client(tls_server.url, None) as (node, _), node.context().transaction() as trx:
+        album = trx.create(Album, artist="over TLS", year=2024)
     async with client(tls_server.url, None) as (other, _):
         assert (await other.context().get(Album, album.id)).artist == "over TLS"
 
