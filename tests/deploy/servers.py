@@ -144,12 +144,24 @@ def start_uvicorn(tmp: Path, *, public_key_file: Path) -> Served:
     return Served(process, f"ws://{address}/sync", f"http://{address}", out, err)
 
 
+def assert_operator_error(done: subprocess.CompletedProcess[str], says: str) -> None:
+    """Exit 2 and exactly one line on stderr, saying ``says``; nothing on stdout."""
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert says in lines[0], lines[0]
+    assert done.stdout == ""
+
+
 def run_cli(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """``mycelia ARGS`` to completion, output captured as text."""
+    """``mycelia ARGS`` to completion (run through ``prefix``), output captured as text."""
     return subprocess.run(
-        [sys.executable, "-m", "mycelia.cli", *args],
+        [*prefix, sys.executable, "-m", "mycelia.cli", *args],
         capture_output=True,
         text=True,
         env=clean_env(env),

@@ -14,7 +14,7 @@ from websockets.exceptions import InvalidMessage
 from mycelia.node.client import ConnectionState
 from tests.deploy.certs import Certs, make_certs
 from tests.deploy.conftest import Album, client
-from tests.deploy.servers import Served, run_cli, start_serve
+from tests.deploy.servers import Served, assert_operator_error, run_cli, start_serve
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,5 @@ def test_a_missing_or_mismatched_certificate_is_one_line_and_exit_2(
             "serve", "--port", "0", "--data", str(tmp_path / "data"),
             "--tls-cert", str(cert), "--tls-key", str(key),
         )  # fmt: skip
-        assert done.returncode == 2, done.stderr
-        assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
+        assert_operator_error(done, says)
         assert not (tmp_path / "data").exists()
