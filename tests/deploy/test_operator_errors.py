@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mycelia import __version__
 from tests.deploy.conftest import client
 from tests.deploy.servers import assert_operator_error, run_cli, start_serve
 
@@ -103,8 +104,6 @@ async def test_insecure_open_lets_a_public_address_start(tmp_path: Path) -> None
 
 
 def test_version_prints_the_package_version() -> None:
-    from mycelia import __version__
-
     done = run_cli("--version")
     assert done.returncode == 0
     assert done.stdout.strip() == f"mycelia {__version__}"
