@@ -34,7 +34,8 @@ def get(url: str, token: bytes | None = None) -> tuple[int, str]:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+        with exc:
+            return exc.code, exc.read().decode()
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
