@@ -42,16 +42,16 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: str, fmt: str) -> None:
-    """Send every log record at ``level`` or above to stderr, as ``text`` or ``json``."""
-    handler = _Handler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    """Send every log record at ``level`` or above to stderr, as ``text`` or ``json``.
+
+    Like ``logging.basicConfig``, it leaves a process whose root logger already has
+    handlers (an application, a test harness running ``main()``) as it is.
+    """
     root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, _Handler)]:
-        root.removeHandler(old)  # ours from an earlier run in this process; keep the others
+    if root.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root.addHandler(handler)
     root.setLevel(level)
     logging.getLogger("websockets").setLevel(level if level == "DEBUG" else "WARNING")
-
-
-class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The command line's stderr handler (so a second :func:`configure` replaces it)."""

@@ -198,7 +198,10 @@ async def inspect_command(args: argparse.Namespace) -> int:
 
 
 def _print_grant(grant: Grant) -> None:
-    when = datetime.fromtimestamp(grant.expires, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        when = datetime.fromtimestamp(grant.expires, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):  # a claim, not yet checked: any int
+        when = f"{grant.expires} seconds after 1970"
     left = grant.expires - time.time()
     state = f"in {_span(left)}" if left > 0 else f"EXPIRED {_span(-left)} ago"
     print(f"subject   {grant.subject}")
