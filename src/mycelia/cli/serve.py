@@ -172,6 +172,7 @@ def tls_from(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 async def serve_command(args: argparse.Namespace) -> int:
     """``mycelia serve``: run until SIGINT/SIGTERM (see the module docstring)."""
+    signals = _catch_signals()  # from here on a signal means "stop cleanly", never a kill
     policy = policy_from(args)
     tls = tls_from(args)
     sock = bind(args.host, args.port)
@@ -197,7 +198,7 @@ async def serve_command(args: argparse.Namespace) -> int:
         await opened.discard()
         raise
     _ready(args, server, root=str(root), where=opened.where)
-    await _run_until_stopped(server, grace=args.shutdown_grace)
+    await _run_until_stopped(server, signals, grace=args.shutdown_grace)
     await server.close(drain_timeout=args.drain_timeout)
     await node.close()
     log.info("stopped cleanly")
@@ -223,13 +224,18 @@ def _ready(args: argparse.Namespace, server: Server, *, root: str, where: str) -
     print(f"listening on {server.url}", flush=True)
 
 
-async def _run_until_stopped(server: Server, *, grace: float) -> None:
-    """Wait for SIGINT/SIGTERM, then drain for ``grace`` seconds or until a second one."""
+def _catch_signals() -> asyncio.Queue[int]:
+    """SIGINT and SIGTERM, queued (they are handled once the server is up)."""
     signals: asyncio.Queue[int] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, signals.put_nowait, sig)
+    return signals
+
+
+async def _run_until_stopped(server: Server, signals: asyncio.Queue[int], *, grace: float) -> None:
+    """Wait for a signal, then drain for ``grace`` seconds or until a second one."""
     received = await signals.get()
     log.info("%s: shutting down", signal.Signals(received).name)
     server.start_draining()
