@@ -11,8 +11,9 @@ The same port answers plain HTTP (:mod:`mycelia.node.http`): ``GET /healthz`` an
 ``GET /metrics``. With ``ssl`` it serves ``wss://`` only.
 
 Lifecycle: *serving* → :meth:`Server.start_draining` (``/healthz`` answers 503, new
-connections are refused with 503, open ones go on) → :meth:`Server.close` (in-flight
-requests finish, every connection closes, the listener closes).
+websocket connections are refused with 503, open ones go on: a load balancer sees the
+node leave) → :meth:`Server.close` (the listener closes, in-flight requests finish,
+every connection closes).
 
 Logs: one INFO line per connection with the peer id, address and the credentials'
 subject; refusals (of a connection or a request) at WARNING with the reason; each commit
@@ -224,6 +225,8 @@ class Server:
     async def close(self, *, drain_timeout: float = 10.0) -> None:
         """Stop accepting, let in-flight requests (commits) finish, then close everything."""
         self.start_draining()
+        if self._ws is not None:  # stop accepting: a client dialling now is refused by TCP
+            self._ws.close(close_connections=False)
         peers = list(self.connections)
         await asyncio.gather(*(peer.drain(drain_timeout) for peer in peers))
         for peer in peers:
