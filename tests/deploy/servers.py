@@ -95,24 +95,34 @@ class Served:
         return "\n".join(self.err.lines)
 
 
-def start_serve(tmp: Path, *flags: str, env: dict[str, str] | None = None) -> Served:
-    """``mycelia serve --port 0 FLAGS`` (``--data tmp/data`` unless given), once ready."""
-    data = [] if "--data" in flags or "--postgres" in flags else ["--data", str(tmp / "data")]
+def _spawn(
+    argv: list[str], log: Path, *, env: dict[str, str] | None, ready: tuple[str, str]
+) -> tuple[subprocess.Popen[bytes], Tee, Tee, str]:
+    """Start ``argv`` with its output teed to ``log``.out/.log; wait for the ``ready``
+    pattern on (``"out"`` or ``"err"``) and return its first group."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "mycelia.cli", "serve", "--port", "0", *data, *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=clean_env(env),
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(env)
     )
     assert process.stdout is not None
     assert process.stderr is not None
-    out = Tee(process.stdout, tmp / "serve.out")
-    err = Tee(process.stderr, tmp / "serve.log")
+    out = Tee(process.stdout, log.with_suffix(".out"))
+    err = Tee(process.stderr, log.with_suffix(".log"))
+    stream, pattern = ready
     try:
-        url = out.wait_for(r"^listening on (\S+)$").group(1)
+        found = (out if stream == "out" else err).wait_for(pattern).group(1)
     except AssertionError:
         process.kill()
-        raise AssertionError("mycelia serve did not start:\n" + "\n".join(err.lines)) from None
+        raise AssertionError(f"{argv[2]} did not start:\n" + "\n".join(err.lines)) from None
+    return process, out, err, found
+
+
+def start_serve(tmp: Path, *flags: str, env: dict[str, str] | None = None) -> Served:
+    """``mycelia serve --port 0 FLAGS`` (``--data tmp/data`` unless given), once ready."""
+    data = [] if "--data" in flags or "--postgres" in flags else ["--data", str(tmp / "data")]
+    argv = [sys.executable, "-m", "mycelia.cli", "serve", "--port", "0", *data, *flags]
+    process, out, err, url = _spawn(
+        argv, tmp / "serve", env=env, ready=("out", r"^listening on (\S+)$")
+    )
     http = url.replace("wss://", "https://").replace("ws://", "http://")
     return Served(process, url, http, out, err)
 
@@ -120,27 +130,14 @@ def start_serve(tmp: Path, *flags: str, env: dict[str, str] | None = None) -> Se
 def start_uvicorn(tmp: Path, *, public_key_file: Path) -> Served:
     """uvicorn serving :mod:`tests.deploy.asgi_app` (``/sync`` and ``/hello``), once ready."""
     (tmp / "asgi-data").mkdir()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "tests.deploy.asgi_app:app", "--port", "0"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=clean_env(
-            {
-                "MYCELIA_DATA": str(tmp / "asgi-data"),
-                "MYCELIA_TOKEN_PUBLIC_KEY_FILE": str(public_key_file),
-            }
-        ),
+    argv = [sys.executable, "-m", "uvicorn", "tests.deploy.asgi_app:app", "--port", "0"]
+    env = {
+        "MYCELIA_DATA": str(tmp / "asgi-data"),
+        "MYCELIA_TOKEN_PUBLIC_KEY_FILE": str(public_key_file),
+    }
+    process, out, err, address = _spawn(
+        argv, tmp / "uvicorn", env=env, ready=("err", r"Uvicorn running on http://(\S+) ")
     )
-    assert process.stdout is not None
-    assert process.stderr is not None
-    out = Tee(process.stdout, tmp / "uvicorn.out")
-    err = Tee(process.stderr, tmp / "uvicorn.log")
-    try:
-        address = err.wait_for(r"Uvicorn running on http://(\S+) ").group(1)
-    except AssertionError:
-        process.kill()
-        raise
     return Served(process, f"ws://{address}/sync", f"http://{address}", out, err)
 
 
