@@ -6,9 +6,18 @@ for the contract and README.md for a tour.
 """
 
 from mycelia.entity.model import Json, Model, Ref, Text
-from mycelia.node import Context, Credentials, Node, PolicyAgent, Transaction
+from mycelia.node import (
+    Context,
+    Credentials,
+    Node,
+    PeerInfo,
+    PermissiveAgent,
+    PolicyAgent,
+    Transaction,
+)
 from mycelia.node.client import Connection, ConnectionState, connect
 from mycelia.node.server import Server, serve
+from mycelia.node.tokens import Grant, TokenAgent, TokenIssuer
 from mycelia.proto import AdmittedEvent, Clock, EntityId, Event, EventId
 
 __all__ = [
@@ -21,13 +30,18 @@ __all__ = [
     "EntityId",
     "Event",
     "EventId",
+    "Grant",
     "Json",
     "Model",
     "Node",
+    "PeerInfo",
+    "PermissiveAgent",
     "PolicyAgent",
     "Ref",
     "Server",
     "Text",
+    "TokenAgent",
+    "TokenIssuer",
     "Transaction",
     "connect",
     "serve",

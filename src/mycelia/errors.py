@@ -5,6 +5,7 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     MyceliaError
     ├── InvalidArgument            a caller passed a value the API cannot accept (also a ValueError)
     │   └── ConfigError            an operator's setting (flag, variable, file) cannot be used
+    │       └── AddressInUse       the address to listen on is taken by another process
     ├── DecodeError                bytes from the wire or a file could not be decoded
     │   ├── PayloadTooLarge        a documented limit (proto.limits) was exceeded
     │   ├── InvalidEvent           an event is structurally invalid
@@ -48,6 +49,7 @@ caught and chained with ``raise ... from exc``; nothing else escapes the public 
 from __future__ import annotations
 
 __all__ = [
+    "AddressInUse",
     "BudgetExceeded",
     "CommitReverted",
     "ConfigError",
@@ -99,6 +101,10 @@ class InvalidArgument(MyceliaError, ValueError):
 class ConfigError(InvalidArgument):
     """An operator's setting (a flag, an environment variable, a file it names) cannot be
     used; the message names the setting and says what to do. ``mycelia`` exits 2 on it."""
+
+
+class AddressInUse(ConfigError):
+    """The host and port to listen on are taken (another server, or another ``mycelia``)."""
 
 
 class DecodeError(MyceliaError):

@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl as ssl_module
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import InvalidHandshake, InvalidStatus
 
 from mycelia.errors import (
     ConnectionClosed,
@@ -116,11 +118,14 @@ class Connection:
             await link.set_state(ConnectionState.CONNECTING)
             try:
                 await self._session()
-                backoff = self._min_backoff  # a session that got ready resets the backoff
             except PresenceRejected as exc:
                 link.error = exc
                 log.warning("the durable peer refused this node: %s", exc)
                 backoff = self._max_backoff  # do not hammer a peer that refuses us
+            except _Ended as ended:
+                link.error = ended.error  # why a session that was ready ended
+                log.info("the connection to the durable peer ended: %s", ended.error)
+                backoff = self._min_backoff  # it was up: try again soon
             except (MyceliaError, OSError, TimeoutError) as exc:
                 link.error = exc
                 log.info("connection to the durable peer failed: %s", exc)
@@ -129,8 +134,12 @@ class Connection:
             backoff = min(backoff * 2, self._max_backoff)
 
     async def _session(self) -> None:
+        """One session: raises why it could not start, or _Ended (with why it ended) once
+        it was READY."""
         peer = self._open_session(await self._dial())
         runner = asyncio.ensure_future(peer.run())
+        ready = False
+        failure: BaseException | None = None
         try:
             await peer.wait_ready()
             if not peer.peer_durable:
@@ -138,13 +147,26 @@ class Connection:
             self._link.session = peer
             await self._prepare(peer)
             await self._link.set_state(ConnectionState.READY)
+            ready = True
             await peer.wait_closed()
+        except (MyceliaError, OSError, TimeoutError) as exc:
+            failure = exc  # the connection's own error, if it has one, says more
         finally:
             self._link.session = None
             await peer.close()
             await runner
-        if peer.error is not None and not isinstance(peer.error, ConnectionClosed):
-            raise peer.error
+        error = peer.error or failure or ConnectionClosed("the connection closed")
+        if ready and not isinstance(error, PresenceRejected):
+            raise _Ended(error)
+        raise error
+
+
+class _Ended(Exception):
+    """A session that was ready ended; ``error`` says why (internal to the connect loop)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Dialable(Protocol):
@@ -178,6 +200,7 @@ async def connect(
     max_backoff: float = 5.0,
     request_timeout: float = 30.0,
     compression: str | None = None,
+    ssl: ssl_module.SSLContext | None = None,
     rng: random.Random | None = None,
 ) -> Connection:
     """Dial ``url`` (``ws://host:port`` or ``wss://``) and keep the node connected until closed.
@@ -185,7 +208,9 @@ async def connect(
     Returns at once; ``await node.wait_ready(timeout=...)`` (or the connection's
     ``wait_ready``) waits for the first usable connection. ``compression="deflate"``
     turns on permessage-deflate (off by default: frames are already compact msgpack).
-    Raises InvalidArgument for a URL that is not a websocket URL.
+    ``wss://`` verifies the server's certificate against the system's trust store, or
+    against ``ssl`` (an ``ssl.SSLContext``) when given. Raises InvalidArgument for a URL
+    that is not a websocket URL, or ``ssl`` with a ``ws://`` one.
     """
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
@@ -194,15 +219,28 @@ async def connect(
         )
     limits = node.limits
 
+    if ssl is not None and parts.scheme != "wss":
+        raise InvalidArgument(f"ssl= is given but {url!r} is not a wss:// URL")
+
     async def dial() -> Transport:
-        websocket = await ws_connect(
-            url,
-            max_size=limits.max_frame_bytes,
-            compression=compression,
-            open_timeout=request_timeout,
-            ping_interval=20,
-            close_timeout=2,
-        )
+        tls: dict[str, Any] = {} if ssl is None else {"ssl": ssl}  # wss:// defaults to verify
+        try:
+            websocket = await ws_connect(
+                url,
+                max_size=limits.max_frame_bytes,
+                compression=compression,
+                open_timeout=request_timeout,
+                ping_interval=20,
+                close_timeout=2,
+                **tls,
+            )
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            raise ConnectionClosed(f"{url} refused the websocket: HTTP {status}") from exc
+        except InvalidHandshake as exc:
+            raise ConnectionClosed(
+                f"{url} is not a Mycelia server ({exc}); a TLS server needs wss://"
+            ) from exc
         return WebsocketTransport(websocket)
 
     connection = node.attach(

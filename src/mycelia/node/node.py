@@ -96,6 +96,7 @@ class Node:
         rng: random.Random | None = None,
     ) -> None:
         self._storage = storage
+        self._policy = policy
         self._durable = durable
         self._limits = limits
         self._root = root
@@ -238,6 +239,11 @@ class Node:
     def storage(self) -> StorageEngine:
         """The storage engine the node was opened on."""
         return self._storage
+
+    @property
+    def policy(self) -> PolicyAgent:
+        """The policy agent the node was opened with."""
+        return self._policy
 
     @property
     def limits(self) -> Limits:

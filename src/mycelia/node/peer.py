@@ -26,6 +26,8 @@ from typing import Final, TypeVar
 from mycelia.errors import (
     ConnectionClosed,
     MyceliaError,
+    PolicyDenied,
+    PresenceRejected,
     ProtocolError,
     RemoteError,
     RemoteProtocolError,
@@ -37,7 +39,7 @@ from mycelia.node.ports import Answers, Gate, MakeRequest
 from mycelia.node.session import PeerSession, Received, SessionState, Verified
 from mycelia.node.transport import Transport
 from mycelia.proto import EntityId, Limits, NodeId
-from mycelia.proto.messages import Message, encode_frame
+from mycelia.proto.messages import PROTOCOL_VERSION, Message, encode_frame
 from mycelia.proto.peering import (
     CHALLENGE_LENGTH,
     REQUESTS,
@@ -47,6 +49,7 @@ from mycelia.proto.peering import (
     SubscriptionUpdate,
     expect_response,
 )
+from mycelia.proto.peering import PresenceRejected as PresenceRejectedMessage
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT", "Identity", "PeerConnection"]
 
@@ -301,10 +304,18 @@ class PeerConnection:
         presence = event.presence
         info = PeerInfo(presence.node_id, presence.durable, self.dialed)
         self.credentials = Credentials(event.token)
-        # "durable" is never taken on the peer's word (ARCHITECTURE.md §7): the gate decides.
-        self.peer_durable = self._gate.admit(info, self.credentials, presence.system_root)
+        try:
+            # "durable" is never taken on the peer's word (ARCHITECTURE.md §7): the gate decides.
+            self.peer_durable = self._gate.admit(info, self.credentials, presence.system_root)
+        except (PolicyDenied, PresenceRejected) as exc:
+            # Tell the peer why, in the protocol, before closing: its client stops retrying.
+            reason = f"{type(exc).__name__}: {exc}"[:4000]
+            self._enqueue(
+                encode_frame(PresenceRejectedMessage(reason, PROTOCOL_VERSION, PROTOCOL_VERSION))
+            )
+            raise
         self._ready.set()
-        log.info(
+        log.debug(
             "peer %s connected from %s (%s)",
             presence.node_id,
             self.remote,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from mycelia.entity import Snapshot
 from mycelia.errors import PolicyDenied, PresenceRejected
@@ -19,6 +19,7 @@ from mycelia.proto import AdmittedEvent, EntityId, NodeId, is_reserved_collectio
 __all__ = [
     "Credentials",
     "Gatekeeper",
+    "NamesSubjects",
     "PeerInfo",
     "PermissiveAgent",
     "PolicyAgent",
@@ -73,6 +74,15 @@ class PolicyAgent(Protocol):
         event: AdmittedEvent,
     ) -> None:
         """May these credentials make this change (``before.exists`` is False: a create)?"""
+        ...
+
+
+@runtime_checkable
+class NamesSubjects(Protocol):
+    """An agent that can say who credentials belong to (the server logs it per connection)."""
+
+    def subject(self, credentials: Credentials) -> str | None:
+        """The name the credentials prove (``None``: anonymous or invalid)."""
         ...
 
 

@@ -88,7 +88,7 @@ class Link:
     """The current session with the durable peer and the connection state (one place)."""
 
     def __init__(self) -> None:
-        self.state = ConnectionState.DISCONNECTED
+        self.state = ConnectionState.CONNECTING  # a link exists to be connected
         self.error: BaseException | None = None
         self.session: Session | None = None
         """The open session (handshake done), READY or still being prepared."""

@@ -193,7 +193,7 @@ def _handshakes(fx: Fixture, foreign: Fixture) -> list[CorpusItem]:
         "replays from another system",
         "a peer announcing another system's root",
         (encode_frame(GetRequest(1, ())),),
-        ("close",),
+        ("rejected",),
         handshake_root=bytes(foreign.root),
     )
     return [*items, stranger]
