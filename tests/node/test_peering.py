@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ class Album(Model, collection="albums"):
     year: int
 
 
-async def create(node: Node, **values: object) -> mycelia.EntityId:
+async def create(node: Node, **values: Any) -> mycelia.EntityId:
     async with node.context().transaction() as trx:
         return trx.create(Album, **values).id
 
