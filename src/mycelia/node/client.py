@@ -234,7 +234,9 @@ def describe_failure(error: BaseException | None) -> str:
     if error is None:
         return "no attempt has failed yet"
     text = str(error) or type(error).__name__
-    if isinstance(error, ConnectionRefusedError):
+    if isinstance(error, ConnectionRefusedError) or (
+        isinstance(error, OSError) and "Connect call failed" in text
+    ):
         return f"connection refused: nothing listens there (is the server running?) ({text})"
     if isinstance(error, socket.gaierror):
         return f"DNS: the host name could not be resolved ({text})"
@@ -358,8 +360,9 @@ async def connect(
     """
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        scheme = f"scheme {parts.scheme + '://'!r}" if parts.scheme else "no scheme"
         raise InvalidArgument(
-            f"{url!r} is not a websocket URL: use ws://host:port (or wss:// for TLS)"
+            f"{url!r} is not a websocket URL ({scheme}): use ws://host:port (or wss:// for TLS)"
         )
     limits = node.limits
 

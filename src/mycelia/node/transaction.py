@@ -44,6 +44,7 @@ from mycelia.entity.values import encode_value
 from mycelia.errors import (
     EntityNotFound,
     InvalidArgument,
+    NodeClosed,
     SystemNotReady,
     TransactionClosed,
     TransactionError,
@@ -112,7 +113,7 @@ class Transaction:
         self._commit: Commit | None = None
 
     def __del__(self) -> None:
-        if getattr(self, "_open", False):
+        if getattr(self, "_open", False) and not self._node_closed():
             touched = len(self._drafts)
             lost = f": its changes to {touched} entities are lost" if touched else ""
             warnings.warn(
@@ -122,6 +123,14 @@ class Transaction:
                 source=self,
                 stacklevel=2,
             )
+
+    def _node_closed(self) -> bool:
+        """Whether the node is closed (then NodeClosed said it all: no warning)."""
+        try:
+            self._parts.check_open()
+        except NodeClosed:
+            return True
+        return False
 
     async def __aenter__(self) -> Transaction:
         try:
