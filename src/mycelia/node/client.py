@@ -49,6 +49,7 @@ from mycelia.errors import (
 )
 from mycelia.node.peer import PeerConnection
 from mycelia.node.ports import MakeRequest, Session
+from mycelia.node.progress import Slow
 from mycelia.node.transport import Transport, WebsocketTransport
 from mycelia.node.upstream import ConnectionState, Link
 from mycelia.proto import Limits
@@ -78,8 +79,10 @@ class Connection:
         min_backoff: float,
         max_backoff: float,
         rng: random.Random,
+        slow: Callable[[str], Slow] | None = None,
     ) -> None:
         self._dial = dial
+        self._slow = slow
         self._link = link
         self._open_session = open_session
         self._prepare = prepare
@@ -212,7 +215,11 @@ class Connection:
             if not peer.peer_durable:
                 raise PresenceRejected("the peer this node dialed is not a durable node")
             self._link.session = peer
-            await self._prepare(peer)
+            if self._slow is None:
+                await self._prepare(peer)
+            else:  # a large first sync (many owed commits, queries to catch up) shows progress
+                async with self._slow("syncing with the durable peer"):
+                    await self._prepare(peer)
             await self._link.set_state(ConnectionState.READY)
             ready = True
             await peer.wait_closed()

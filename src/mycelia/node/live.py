@@ -36,6 +36,7 @@ from mycelia.entity.querycheck import check_query
 from mycelia.errors import InvalidArgument, UsageError
 from mycelia.node.policy import Credentials, PolicyAgent
 from mycelia.node.ports import Follow, Standing, Watch
+from mycelia.node.progress import Slow
 from mycelia.proto import EntityId, EntityState
 from mycelia.proto.query import (
     And,
@@ -72,6 +73,8 @@ class LiveParts:
     """A fresh query id (ids come from the node, never from a global counter)."""
     check_open: Callable[[], None]
     """Raises NodeClosed once the node is closed."""
+    slow: Callable[[str], Slow] | None = None
+    """Progress for a first result that takes long (a client's large initial sync)."""
     opened: dict[LiveQuery[Any], None] = field(default_factory=dict)
     """The live queries open now (the node ends them when it closes)."""
 
@@ -140,13 +143,21 @@ class LiveQuery(Generic[M]):
         self._parts.opened[self] = None
         self._buffer = []
         self._parts.watch.add(self)
-        await self._parts.follow.follow(self)  # what the peer sends now is buffered
-        initial = await self._load()
+        slow = self._parts.slow
+        if slow is None:
+            initial = await self._start()
+        else:
+            async with slow(f"first result of {self.collection} {self.text!r}"):
+                initial = await self._start()
         self._changes.put_nowait(ChangeSet(initial=initial))
         buffered, self._buffer = self._buffer, None
         if buffered:
             self.apply(buffered)  # emits only what the initial result does not show yet
         return self
+
+    async def _start(self) -> list[M]:
+        await self._parts.follow.follow(self)  # what the peer sends now is buffered
+        return await self._load()
 
     async def __aexit__(
         self,

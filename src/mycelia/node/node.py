@@ -45,6 +45,7 @@ from mycelia.node.outbox import Outbox
 from mycelia.node.peer import Identity, PeerConnection
 from mycelia.node.policy import LOCAL, Credentials, Gatekeeper, PermissiveAgent, PolicyAgent
 from mycelia.node.ports import ChangeListener
+from mycelia.node.progress import Slow
 from mycelia.node.serving import Responder
 from mycelia.node.transaction import TransactionParts
 from mycelia.node.transport import Transport
@@ -100,8 +101,12 @@ class Node:
         root: EntityId | None,
         key: NodeKey,
         rng: random.Random | None = None,
+        progress: bool = True,
     ) -> None:
         self._storage = storage
+        self._progress = progress
+        self._received = 0
+        """Entities changed here so far (a slow sync's progress counts them)."""
         self._policy = policy
         self._durable = durable
         self._limits = limits
@@ -177,6 +182,7 @@ class Node:
                 spawn=self._spawn,
                 query_ids=lambda: next(self._query_ids),
                 check_open=self._check_open,
+                slow=None if durable else self._slow,
             ),
             history=storage.events_of,
         )
@@ -190,14 +196,21 @@ class Node:
         policy: PolicyAgent | None = None,
         limits: Limits = DEFAULT_LIMITS,
         rng: random.Random | None = None,
+        progress: bool = True,
     ) -> _Opening:
         """Open a node on ``storage``: ``node = await Node.open(...)`` or ``async with``.
 
         ``rng`` makes the node's entropy (genesis nonces, text client ids, a new node key)
         deterministic — for simulations and tests only: production nodes draw from
-        ``secrets``.
+        ``secrets``. ``progress``: a client's sync that takes over a second (preparing a
+        session, a live query's first result) shows a bar while stderr is a terminal
+        (``False``: never); it is logged at INFO every few seconds either way.
         """
-        return _Opening(cls._open(storage, durable=durable, policy=policy, limits=limits, rng=rng))
+        return _Opening(
+            cls._open(
+                storage, durable=durable, policy=policy, limits=limits, rng=rng, progress=progress
+            )
+        )
 
     @classmethod
     async def _open(
@@ -208,6 +221,7 @@ class Node:
         policy: PolicyAgent | None,
         limits: Limits,
         rng: random.Random | None,
+        progress: bool,
     ) -> Node:
         raw = await storage.get_meta(ROOT_KEY)
         root = EntityId(raw) if raw is not None else None
@@ -227,6 +241,7 @@ class Node:
             root=root,
             key=key,
             rng=rng,
+            progress=progress,
         )
         if node._pipeline is not None:
             await node._pipeline.load()
@@ -449,6 +464,7 @@ class Node:
             min_backoff=min_backoff,
             max_backoff=max_backoff,
             rng=rng,
+            slow=self._slow,
         )
         return self._connection
 
@@ -501,6 +517,10 @@ class Node:
 
     # -- wiring ----------------------------------------------------------------------------
 
+    def _slow(self, label: str) -> Slow:
+        """Progress for sync work that may take long (see ``Node.open``'s ``progress``)."""
+        return Slow(label, lambda: self._received, log=log, bar=self._progress)
+
     def _check_open(self) -> None:
         """Raise NodeClosed once :meth:`close` was called."""
         if self._closed:
@@ -515,6 +535,7 @@ class Node:
         applier calls this after each write, in commit order)."""
         if not changes:
             return
+        self._received += len(changes)
         self._reactor.on_change(changes)
         self._responder.on_change(changes)
         for listener in list(self._listeners):
