@@ -20,7 +20,8 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     │   ├── Disjoint               two clocks share no history (different genesis)
     │   └── PendingLimit           too many events wait for missing parents
     ├── SystemError_               the node's system (root) is missing or is another one
-    │   ├── SystemNotReady         no system root yet: create_system() or join_system()
+    │   ├── SystemNotReady         no system root yet: create_system() or join_system() (a
+    │   │                          client: connect once to a server to join its system)
     │   ├── ForeignSystem          events belong to another system
     │   └── ForeignNode            data belongs to another node (another node key)
     ├── PolicyDenied               the policy agent refused an operation (here, or the peer's
@@ -178,7 +179,9 @@ class SystemError_(MyceliaError):  # noqa: N801 - trailing underscore avoids the
 
 
 class SystemNotReady(SystemError_):
-    """This node has no system root yet: call ``create_system()`` or ``join_system()``."""
+    """This node has no system root yet: a durable node calls ``create_system()`` or
+    ``join_system()``; a client connects once to a server to join its system (or, to work
+    offline from its first run, calls ``join_system()`` with the system's root events)."""
 
 
 class ForeignSystem(SystemError_):
