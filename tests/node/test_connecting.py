@@ -112,6 +112,8 @@ def test_failures_are_put_in_words_for_version_and_handshake() -> None:
     slow = RequestTimeout("the peer did not complete the handshake in time")
     assert describe_failure(slow).startswith("handshake: the server did not answer in time")
     assert describe_failure(None) == "no attempt has failed yet"
+    reset = describe_failure(ConnectionResetError())
+    assert reset.startswith("network: the server reset the connection (wss:// to a server")
 
 
 async def token_server() -> tuple[Node, InProcessServer, TokenIssuer]:

@@ -262,6 +262,10 @@ def describe_failure(error: BaseException | None) -> str:
         return f"handshake: the server did not answer in time ({text})"
     if isinstance(error, ConnectionClosed) and isinstance(error.__cause__, InvalidHandshake):
         return f"handshake: {text}"
+    if isinstance(error, ConnectionResetError):
+        return (
+            f"network: the server reset the connection (wss:// to a server without TLS?) ({text})"
+        )
     if isinstance(error, OSError):
         return f"network: {text}"
     return f"{type(error).__name__}: {text}"
