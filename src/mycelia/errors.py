@@ -20,10 +20,12 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     │   ├── Disjoint               two clocks share no history (different genesis)
     │   └── PendingLimit           too many events wait for missing parents
     ├── SystemError_               the node's system (root) is missing or is another one
-    │   ├── SystemNotReady         no system root yet: create_system() or join_system()
+    │   ├── SystemNotReady         no system root yet: create_system() or join_system() (a
+    │   │                          client: connect once to a server to join its system)
     │   ├── ForeignSystem          events belong to another system
     │   └── ForeignNode            data belongs to another node (another node key)
-    ├── PolicyDenied               the policy agent refused an operation
+    ├── PolicyDenied               the policy agent refused an operation (here, or the peer's
+    │                              at the handshake: the client then stops retrying)
     ├── StorageError               the storage engine failed (backend error chained)
     │   ├── StorageLocked          another process holds the store
     │   ├── StorageReadOnly        the store cannot be written
@@ -33,12 +35,17 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     │   ├── TransactionClosed      a transaction was used after commit or rollback
     │   └── CommitReverted         a local commit was undone: it was built on one the
     │                              durable peer refused, or its entity was reverted under it
-    ├── QueryError                 a query could not be parsed or evaluated (column given)
+    ├── QueryError                 a query could not be parsed or evaluated (column given), or
+    │                              names a field its model lacks, or a value of the wrong type
+    ├── UsageError                 the API was used out of order (also a RuntimeError)
+    │   └── NodeClosed             the node was closed: every call on it or its contexts raises
     └── ProtocolError              the peering protocol failed
         ├── LocalProtocolError     this side was asked to do something the protocol forbids
         ├── RemoteProtocolError    the peer sent something the protocol forbids
         │   └── PresenceRejected   the peer's Presence was refused (version, key, system)
         ├── RequestTimeout         a request got no answer in time
+        ├── ConnectTimeout         wait_ready gave up (also a TimeoutError): names the state
+        │                          and the last cause (refused, DNS, TLS, version, handshake)
         ├── RemoteError            the peer answered a request with an error
         └── ConnectionClosed       the connection closed before the operation finished
 
@@ -53,6 +60,7 @@ __all__ = [
     "BudgetExceeded",
     "CommitReverted",
     "ConfigError",
+    "ConnectTimeout",
     "ConnectionClosed",
     "DecodeError",
     "Disjoint",
@@ -68,6 +76,7 @@ __all__ = [
     "LineageError",
     "LocalProtocolError",
     "MyceliaError",
+    "NodeClosed",
     "PayloadTooLarge",
     "PendingLimit",
     "PolicyDenied",
@@ -87,6 +96,7 @@ __all__ = [
     "SystemNotReady",
     "TransactionClosed",
     "TransactionError",
+    "UsageError",
 ]
 
 
@@ -169,7 +179,9 @@ class SystemError_(MyceliaError):  # noqa: N801 - trailing underscore avoids the
 
 
 class SystemNotReady(SystemError_):
-    """This node has no system root yet: call ``create_system()`` or ``join_system()``."""
+    """This node has no system root yet: a durable node calls ``create_system()`` or
+    ``join_system()``; a client connects once to a server to join its system (or, to work
+    offline from its first run, calls ``join_system()`` with the system's root events)."""
 
 
 class ForeignSystem(SystemError_):
@@ -232,6 +244,16 @@ class QueryError(MyceliaError):
         self.column = column
 
 
+class UsageError(MyceliaError, RuntimeError):
+    """The API was used in an order it does not allow (a live query iterated outside its
+    ``async with``); the message says what to do instead."""
+
+
+class NodeClosed(UsageError):
+    """The node was closed (``node.close()``): it, its contexts, transactions and live
+    queries answer nothing more. Open the store again with ``Node.open``."""
+
+
 class ProtocolError(MyceliaError):
     """The peering protocol failed."""
 
@@ -250,6 +272,21 @@ class PresenceRejected(RemoteProtocolError):
 
 class RequestTimeout(ProtocolError):
     """A request to a peer got no answer within its timeout."""
+
+
+class ConnectTimeout(ProtocolError, TimeoutError):
+    """``wait_ready(timeout=...)`` gave up before the durable peer was ready.
+
+    The message names the connection's state and the last attempt's cause (connection
+    refused, DNS, TLS, protocol version, handshake); ``state`` is the
+    :class:`~mycelia.node.upstream.ConnectionState` value and ``cause`` the last error (also
+    chained as ``__cause__``). The connection keeps trying after it is raised.
+    """
+
+    def __init__(self, message: str, *, state: str, cause: BaseException | None) -> None:
+        super().__init__(message)
+        self.state = state
+        self.cause = cause
 
 
 class RemoteError(ProtocolError):

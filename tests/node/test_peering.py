@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ class Album(Model, collection="albums"):
     year: int
 
 
-async def create(node: Node, **values: object) -> mycelia.EntityId:
+async def create(node: Node, **values: Any) -> mycelia.EntityId:
     async with node.context().transaction() as trx:
         return trx.create(Album, **values).id
 
