@@ -25,6 +25,7 @@ from typing import Final
 
 from mycelia.entity.backends import Backend, ClientIds, LwwBackend, OpaqueBackend, TextBackend
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId, State
+from mycelia.proto.state import Buffer
 
 __all__ = ["DELETED", "KNOWN_BACKENDS", "Entity", "Snapshot"]
 
@@ -104,8 +105,12 @@ class Entity:
         return cls(stored.entity_id, stored.collection, head, backends, text_ids=text_ids)
 
     def to_state(self) -> EntityState:
-        """The entity as a state snapshot (canonical buffers)."""
-        buffers = {name: b.to_state() for name, b in self._backends.items()}
+        """The entity as a state snapshot (canonical buffers; text's computed when first
+        read, ARCHITECTURE.md §5)."""
+        buffers: dict[str, Buffer] = {
+            name: b.deferred_state() if isinstance(b, TextBackend) else b.to_state()
+            for name, b in self._backends.items()
+        }
         return EntityState(
             self.entity_id, self.collection, State.of(head=self._head, buffers=buffers)
         )
