@@ -128,6 +128,49 @@ async def merge_time(history: int) -> float:
     return sorted(times)[2]
 
 
+def concurrent_writes(root_node: Node, count: int, tag: int) -> tuple[Event, list[Event]]:
+    """A genesis and ``count`` events made concurrently on it, each setting one key (the
+    crdt-benchmarks B3.1 shape: every writer saw only the genesis)."""
+    assert root_node.system_root is not None
+    genesis = Event.genesis(
+        collection="counters",
+        system=root_node.system_root,
+        operations={"lww": [encode_diff({"n": encode_value(0)})]},
+        nonce=tag.to_bytes(16, "big"),
+    )
+    parent = Clock([genesis.id])
+    events = [
+        Event.update(
+            entity_id=genesis.entity_id,
+            collection="counters",
+            parent=parent,
+            operations={"lww": [encode_diff({"n": encode_value(i)})]},
+        )
+        for i in range(count)
+    ]
+    return genesis, events
+
+
+async def wide_head_ingest(
+    widths: tuple[int, ...], *, extra: int = 50, rounds: int = 5
+) -> dict[int, float]:
+    """Median seconds to ingest one concurrent event, one at a time, against a head already
+    ``width`` wide (the next ``extra`` writers), per width, interleaved."""
+    source = await fresh_node()
+    samples: dict[int, list[float]] = {w: [] for w in widths}
+    for r in range(rounds):
+        for width in widths:
+            genesis, events = concurrent_writes(source, width + extra, tag=r * 10_000 + width)
+            node = await Node.open(MemoryStorage(), durable=True)
+            await node.join_system(await source.system_events())
+            await node.ingest([genesis, *events[:width]])
+            start = time.perf_counter()
+            for event in events[width:]:
+                await node.ingest([event])
+            samples[width].append((time.perf_counter() - start) / extra)
+    return {w: statistics.median(v) for w, v in samples.items()}
+
+
 def load_trace() -> list[tuple[int, int, str]]:
     with gzip.open(TRACE) as f:
         data = json.loads(f.read())
@@ -266,6 +309,16 @@ async def run(quick: bool) -> None:
             f"{rate:,.0f} events/s",
             "≥ 50,000/s",
             verdict(rate >= 50_000),
+        ]
+    )
+    wide = await wide_head_ingest((50, 1_000))
+    ratio = wide[1_000] / wide[50]
+    rows.append(
+        [
+            "ingest one concurrent event, head width 1,000 vs 50",
+            f"{fmt_time(wide[1_000])} vs {fmt_time(wide[50])}",
+            "≤ 1.5x",
+            verdict(ratio <= 1.5) + f" ({ratio:.2f}x)",
         ]
     )
     for history in (100, 100_000):
