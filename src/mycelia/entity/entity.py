@@ -206,8 +206,8 @@ class Entity:
             ids, gens = ids[:i] + ids[i + 1 :], gens[:i] + gens[i + 1 :]
         for tip, generation in joined:
             i = bisect_left(ids, tip)
-            ids, gens = ids[:i] + (tip,) + ids[i:], gens[:i] + (generation,) + gens[i:]
-        self._clock = Clock._of_sorted(ids)  # noqa: SLF001 - kept sorted by insertion
+            ids, gens = (*ids[:i], tip, *ids[i:]), (*gens[:i], generation, *gens[i:])
+        self._clock = Clock._of_sorted(ids)  # kept sorted by insertion
         self._gens = gens
 
     def backend(self, name: str) -> Backend:
