@@ -40,7 +40,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Self
 
-from pycrdt import Doc, Subscription, Text, TransactionEvent, merge_updates
+from pycrdt import Doc, Subscription, Text, Transaction, TransactionEvent, merge_updates
 
 from mycelia.errors import DecodeError, TransactionError
 from mycelia.proto import AdmittedEvent, Deferred
@@ -156,7 +156,9 @@ class TextBackend:
         "_returned",
         "_returns",
         "_spare",
+        "_roots_of",
         "_texts",
+        "_txn",
         "_updates",
         "_version",
         "_watch",
@@ -168,6 +170,7 @@ class TextBackend:
         self._texts: dict[str, str] = {}
         """Texts read from the document (or known from a fork's edits), as Python strings."""
         self._names: list[str] | None = None  # the document's root names, once read
+        self._roots_of: dict[str, Text] = {}  # root texts, once looked up
         self._base = base  # the state at the start of the log (None: empty)
         self._exact = exact  # whether base and log make this document (a fork's do not)
         self._canon = False  # whether base is canonical and the log empty
@@ -180,6 +183,7 @@ class TextBackend:
         self._lender: weakref.ref[TextBackend] | None = None
         self._lent_at: tuple[list[bytes], int] | None = None
         self._watch: Subscription | None = None  # collects this fork's own updates
+        self._txn: Transaction | None = None  # the one Yrs transaction of a fork's edits
         self._updates: list[bytes] = []
         self._edited = False  # a deletion does not move the state vector: tracked here
         self._returned = False
@@ -201,6 +205,7 @@ class TextBackend:
 
     def to_state(self) -> bytes:
         """The full document as one update, canonical for its content (O(document))."""
+        self._close_edits()
         state = _canonical(self._doc)
         if not self._edited:
             self._fold(state)
@@ -262,6 +267,7 @@ class TextBackend:
         learn what an update changed) — unless the update is a fork's diff made on exactly
         this document: the fork knows its texts, and its document becomes the spare.
         """
+        self._close_edits()
         watch = self._watch
         if watch is not None:  # a fork with edits: this update is not one of them
             self._doc.unobserve(watch)
@@ -340,7 +346,9 @@ class TextBackend:
     def text(self, prop: str) -> Text:
         """The root text of ``prop`` (created empty on first use); read it, edit through
         :meth:`insert`, :meth:`delete` and :meth:`replace`."""
-        text: Text = self._doc.get(prop, type=Text)
+        text = self._roots_of.get(prop)
+        if text is None:
+            text = self._roots_of[prop] = self._doc.get(prop, type=Text)
         return text
 
     def value(self, prop: str) -> str:
@@ -382,11 +390,22 @@ class TextBackend:
             raise TransactionError("this fork's edits were committed: fork again to edit")
         if self._watch is None:
             self._watch = self._doc.observe(self._updates_append)
+        if self._txn is None:
+            # A fork's edits share one Yrs transaction until take_diff: one update, and
+            # no per-edit commit (a fork's document is this transaction's alone).
+            self._txn = self._doc.transaction()
+            self._txn.__enter__()
         self._edited = True
         self._version += 1
         if prop not in self._roots():
             self._names = [*self._roots(), prop]
         return self._texts.get(prop)
+
+    def _close_edits(self) -> None:
+        txn = self._txn
+        if txn is not None:
+            self._txn = None
+            txn.__exit__(None, None, None)
 
     def _updates_append(self, event: TransactionEvent) -> None:
         self._updates.append(bytes(event.update))
@@ -411,6 +430,7 @@ class TextBackend:
         """
         if not self._edited:
             return None
+        self._close_edits()
         updates, self._updates = self._updates, []
         if self._watch is not None:
             self._doc.unobserve(self._watch)
