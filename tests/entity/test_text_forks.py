@@ -37,14 +37,16 @@ async def test_sequential_and_concurrent_text_transactions_keep_every_edit() -> 
         (await trx.edit(Note, note_id)).body.insert(0, "!")
     text = str((await ctx.get(Note, note_id)).body)
     assert sorted(text) == sorted("!XY43210ab")
-    assert text.endswith("43210ab") and text.startswith("!")
+    assert text.endswith("43210ab")
+    assert text.startswith("!")
     # A replica given the same events holds the same canonical buffer.
     replica = await Node.open(MemoryStorage(), durable=True)
     await replica.join_system(await node.system_events())
     await replica.ingest(await ctx.history(Note, note_id))
     ours = await node.storage.get_state(note_id)
     theirs = await replica.storage.get_state(note_id)
-    assert ours is not None and theirs is not None
+    assert ours is not None
+    assert theirs is not None
     assert ours.state == theirs.state
     assert str((await replica.context().get(Note, note_id)).body) == text
 
@@ -64,4 +66,5 @@ async def test_a_lazy_state_buffer_is_the_canonical_one() -> None:
     await fresh.join_system(await node.system_events())
     await fresh.ingest(await ctx.history(Note, note_id))
     again = await fresh.storage.get_state(note_id)
-    assert again is not None and again.state == rebuilt
+    assert again is not None
+    assert again.state == rebuilt
