@@ -375,14 +375,18 @@ class Applier:
         for event in applied:
             changed |= entity.apply(event)
         if applied:
-            entity.set_head(head)
+            if head is None:
+                entity.advance(applied)
+            else:
+                entity.set_head(head)
             self._residents.put(entity)
         return _Plan(entity, before, staged, applied, changed)
 
     async def _place(
         self, entity: Entity, staged: list[AdmittedEvent], getter: LocalGetter
-    ) -> tuple[list[AdmittedEvent], Mapping[EventId, int]]:
-        """Which staged events the head lacks (parents first), and the head after them."""
+    ) -> tuple[list[AdmittedEvent], Mapping[EventId, int] | None]:
+        """Which staged events the head lacks (parents first), and the head after them
+        (``None``: the head just advances past them, :meth:`Entity.advance`)."""
         if not entity.exists:
             if not any(e.event.is_genesis for e in staged):
                 raise InvalidEvent(
@@ -390,20 +394,17 @@ class Applier:
                     "(its genesis was never received)"
                 )
             parents = {p for e in staged for p in e.parent}
+            entity.history_closed = True
             return staged, {e.id: e.generation for e in staged if e.id not in parents}
-        if (
-            self._durable
-            and len(staged) == 1
-            and staged[0].parent
-            and all(p in entity.head for p in staged[0].parent)
-        ):
-            # One new event made on tips of this head (on exactly the head: the linear
-            # case; on some tips: a writer that missed concurrent work). The head lacks
-            # just it, and the tips it names are now its ancestors: no walk is needed.
-            # Only where storage is definitive: a node holding snapshots may lack events
-            # of its own history (a snapshot's head, the genesis), which arrive later to
-            # fill it in and must not be taken for new work.
-            return staged, head_after(entity.head_generations, staged)
+        if self._durable and await self._history_closed(entity):
+            # Where storage is definitive and every tip of the head is a stored event, an
+            # event not stored yet descends from nothing stored and is an ancestor of no
+            # tip (a tip's ancestors are stored: admission keeps history closed), and a tip
+            # it descends from can only be one it names as a parent (else that parent would
+            # be a stored descendant of a tip). So every staged event is new to the head,
+            # and the head advances past them: no walk, O(their parents) — a wide head of
+            # concurrent writers costs nothing per event (ARCHITECTURE.md §4).
+            return staged, None
         # A subject-side walk: the events the head lacks, without walking the head's own
         # branches (admission already keeps foreign lineage out: parents are this entity's).
         outcome = await missing(
@@ -421,6 +422,15 @@ class Applier:
             raise rejection(outcome.relation, entity.entity_id)
         applied = list(outcome.subject_only)
         return applied, head_after(entity.head_generations, applied)
+
+    async def _history_closed(self, entity: Entity) -> bool:
+        """Whether every tip of the entity's head is a stored event (looked up once per
+        resident; a snapshot merged without its history may leave tips it lacks)."""
+        closed = entity.history_closed
+        if closed is None:
+            tips = entity.head.ids
+            closed = entity.history_closed = len(await self._store.get_events(tips)) == len(tips)
+        return closed
 
     def _getter(
         self,
@@ -486,7 +496,9 @@ class Applier:
         changed: set[str] = set()
         for event in staged:
             changed |= entity.apply(event)
-        entity.set_head(head_after(entity.head_generations, staged))
+        if not entity.exists:
+            entity.history_closed = True
+        entity.advance(staged)
         self._residents.put(entity)
         return _Plan(entity, before, staged, staged, changed)
 
@@ -539,6 +551,7 @@ class Applier:
         if base is not None and entity.head == base:
             changed = entity.merge_state(incoming)
             entity.set_head(incoming.state.head_generations())
+            entity.history_closed = None  # the snapshot's tips may not be stored here
             self._residents.put(entity)
             return _Plan(entity, before, [], [], changed, snapshot=True)
         getter = self._getter(entity_id, StagingMap())
@@ -547,6 +560,7 @@ class Applier:
             return None
         changed = entity.merge_state(incoming)
         entity.set_head(head)
+        entity.history_closed = None  # the snapshot's tips may not be stored here
         self._residents.put(entity)
         return _Plan(entity, before, _fetched(getter), [], changed, snapshot=True)
 

@@ -147,7 +147,7 @@ class _TextHandle(Text):
 class Draft:
     """A transaction's working copy of one entity: a fork plus what the transaction did."""
 
-    __slots__ = ("alive", "base", "entity", "model", "texts")
+    __slots__ = ("alive", "base", "entity", "model")
 
     def __init__(
         self, model: type[Model], entity: Entity, base: Snapshot, alive: Callable[[], bool]
@@ -156,9 +156,6 @@ class Draft:
         self.entity = entity
         self.base = base
         self.alive = alive
-        self.texts: dict[str, str] = {}
-        """Each edited text field's content as a Python string, kept in step with the
-        document (Yrs indexes by UTF-8 byte; users index by character)."""
 
     def _check(self) -> None:
         if not self.alive():
@@ -184,17 +181,11 @@ class Draft:
         checked = spec.check(value)
         if spec.backend == "text":
             self.entity.text().replace(field, str(checked))
-            self.texts[field] = str(checked)
             return
         self.entity.lww().set(field, encode_value(checked))
 
     def _text(self, field: str) -> str:
-        cached = self.texts.get(field)
-        if cached is None:
-            backend = self.entity.text()
-            cached = str(backend.text(field)) if field in backend.values() else ""
-            self.texts[field] = cached
-        return cached
+        return self.entity.text().value(field)
 
     def text_insert(self, field: str, index: int, text: str) -> None:
         """Insert ``text`` at character ``index`` of a text field."""
@@ -203,7 +194,6 @@ class Draft:
         if not 0 <= index <= len(current):
             raise InvalidArgument(f"insert at {index} is outside {field!r} (length {len(current)})")
         self.entity.text().insert(field, _byte_offset(current, index), text)
-        self.texts[field] = current[:index] + text + current[index:]
 
     def text_delete(self, field: str, index: int, length: int) -> None:
         """Delete ``length`` characters from character ``index`` of a text field."""
@@ -217,7 +207,6 @@ class Draft:
             start = _byte_offset(current, index)
             stop = _byte_offset(current, index + length)
             self.entity.text().delete(field, start, stop)
-            self.texts[field] = current[:index] + current[index + length :]
 
 
 def _byte_offset(text: str, index: int) -> int:
