@@ -3,7 +3,8 @@
 ``async with ctx.query(Album, "year > ?", 1985) as live:`` gives ``live.items`` (the current
 result, in query order) and an async iterator of :class:`ChangeSet` s: the first carries
 ``initial``; later ones ``added``, ``updated`` and ``removed`` views. A commit that changes
-nothing a query can see emits nothing.
+nothing a query can see emits nothing. Sets the reader has not taken merge
+(:mod:`mycelia.node.changes`), so an unread query holds O(result), not O(commits).
 
 The :class:`Reactor` is the node's one change listener for live queries. Its **candidate
 index** maps (collection, field) to the queries whose predicate or ORDER BY reads that
@@ -34,6 +35,7 @@ from mycelia.entity import EntityChange, Snapshot
 from mycelia.entity.model import Model
 from mycelia.entity.querycheck import check_query
 from mycelia.errors import InvalidArgument, UsageError
+from mycelia.node.changes import ChangeQueue, ChangeSet
 from mycelia.node.policy import Credentials, PolicyAgent
 from mycelia.node.ports import Follow, Standing, Watch
 from mycelia.node.progress import Slow
@@ -79,19 +81,6 @@ class LiveParts:
     """The live queries open now (the node ends them when it closes)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ChangeSet(Generic[M]):
-    """One step of a live query's result."""
-
-    initial: list[M] = field(default_factory=list)
-    added: list[M] = field(default_factory=list)
-    updated: list[M] = field(default_factory=list)
-    removed: list[M] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.initial or self.added or self.updated or self.removed)
-
-
 class LiveQuery(Generic[M]):
     """A query whose result follows every commit; see the module docstring."""
 
@@ -112,7 +101,7 @@ class LiveQuery(Generic[M]):
         self.query_id = parts.query_ids()
         self._members: dict[EntityId, M] = {}
         self._keys: dict[EntityId, bytes] = {}
-        self._changes: asyncio.Queue[ChangeSet[M] | None] = asyncio.Queue()
+        self._changes: ChangeQueue[M] = ChangeQueue()
         self._refresh_lock = asyncio.Lock()
         self._open = False
         self._entered = False
@@ -149,7 +138,7 @@ class LiveQuery(Generic[M]):
         else:
             async with slow(f"first result of {self.collection} {self.text!r}"):
                 initial = await self._start()
-        self._changes.put_nowait(ChangeSet(initial=initial))
+        self._changes.start(initial)
         buffered, self._buffer = self._buffer, None
         if buffered:
             self.apply(buffered)  # emits only what the initial result does not show yet
@@ -184,7 +173,7 @@ class LiveQuery(Generic[M]):
         for entity_id in self._members:
             self._parts.watch.untrack(entity_id, self)
         self._parts.watch.remove(self)
-        self._changes.put_nowait(None)
+        self._changes.end()
 
     async def update_query(self, text: str, *args: object) -> None:
         """Change the query in place: the next change set moves the result to the new one.
@@ -284,7 +273,7 @@ class LiveQuery(Generic[M]):
                 self._keys.pop(entity_id, None)
                 self._parts.watch.untrack(entity_id, self)
         if added or updated or removed:
-            self._changes.put_nowait(ChangeSet(added=added, updated=updated, removed=removed))
+            self._changes.put(ChangeSet(added=added, updated=updated, removed=removed))
 
     async def _scheduled_refresh(self) -> None:
         try:
@@ -300,14 +289,7 @@ class LiveQuery(Generic[M]):
 
     def changes_nowait(self) -> list[ChangeSet[M]]:
         """The change sets queued so far, without waiting (the iterator's non-blocking twin)."""
-        out = []
-        while not self._changes.empty():
-            item = self._changes.get_nowait()
-            if item is None:
-                self._changes.put_nowait(None)  # keep the end marker for the iterator
-                break
-            out.append(item)
-        return out
+        return self._changes.take_all()
 
     async def refresh(self) -> None:
         """Re-run the query against storage and emit the difference (LIMIT, update_query)."""
@@ -325,7 +307,7 @@ class LiveQuery(Generic[M]):
             for entity_id in before:
                 self._parts.watch.untrack(entity_id, self)
             if out:
-                self._changes.put_nowait(out)
+                self._changes.put(out)
 
 
 def _checked(model: type[Model], text: str, args: tuple[object, ...]) -> Query:
