@@ -33,7 +33,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
-from mycelia import errors
 from mycelia.entity import Applier, Entity, EventCheck, ForkBase
 from mycelia.errors import (
     CommitReverted,
@@ -48,6 +47,7 @@ from mycelia.errors import (
     RemoteError,
     RequestTimeout,
     SystemError_,
+    error_class,
 )
 from mycelia.node.outbox import Outbox, Owed
 from mycelia.node.ports import Commit, MakeRequest, Session
@@ -84,14 +84,17 @@ loses the user's work, pushing again costs nothing, so only what is certain reve
 
 
 def _refusal(exc: RemoteError) -> MyceliaError | None:
-    """The refusal ``exc`` names, or None if it only says "not now" (see REFUSALS)."""
-    kind = getattr(errors, exc.kind, None)
-    if not (isinstance(kind, type) and issubclass(kind, REFUSALS)):
-        return None
-    if issubclass(kind, PendingLimit):
-        return None  # the peer is busy holding events for others
+    """The refusal ``exc`` names, or None if it only says "not now" (see REFUSALS).
+
+    A peer's error arrives by its stable code as an instance of the class the code names
+    (:func:`mycelia.errors.remote`); a code this node does not know is read as its nearest
+    known ancestor, so a new kind of decode error still refuses, and an unknown family
+    (the root code) says "not now".
+    """
+    if not isinstance(exc, REFUSALS) or isinstance(exc, PendingLimit):
+        return None  # (PendingLimit: the peer is busy holding events for others)
     try:
-        return kind(f"the durable peer refused: {exc}")
+        return error_class(exc.code)(f"the durable peer refused: {exc}")
     except TypeError:
         return exc
 
