@@ -29,6 +29,7 @@ from typing import Final
 from mycelia.entity import Applier, EntityChange, EventCheck, IngestResult, PendingPool, Residents
 from mycelia.entity.backends import ClientIds
 from mycelia.errors import ForeignSystem, InvalidArgument, InvalidEvent, LocalProtocolError
+from mycelia.node.budget import DEFAULT_BOUNDS, Bounds
 from mycelia.node.client import Connection, Dialer
 from mycelia.node.commits import CommitPipeline, LocalCommits, Rejection
 from mycelia.node.context import Context, ContextParts
@@ -116,6 +117,7 @@ class Node:
             remote=None if durable else self._link.get_events,
             on_change=self._notify,
             pending=PendingPool(),
+            max_entity_bytes=limits.max_entity_bytes,
         )
         self._reactor = Reactor()
         self._responder = Responder(
@@ -422,6 +424,7 @@ class Node:
         request_timeout: float,
         handshake_timeout: float,
         outgoing_frames: int,
+        bounds: Bounds = DEFAULT_BOUNDS,
     ) -> PeerConnection:
         """A connection for a peer that dialed in over ``transport`` (``serve`` calls this;
         drive it with ``await peer.run()``)."""
@@ -434,6 +437,7 @@ class Node:
             request_timeout=request_timeout,
             handshake_timeout=handshake_timeout,
             outgoing_frames=outgoing_frames,
+            bounds=bounds,
         )
 
     async def close(self) -> None:
