@@ -48,9 +48,10 @@ ANSWER_POOL_BYTES: Final = 64 * 1024 * 1024
 PAGE_BYTES: Final = 1024 * 1024
 """How much one page of a paged answer aims to carry (an entity larger than that travels
 alone in its page; no page exceeds the frame limit)."""
-STALL_TIMEOUT: Final = 30.0
-"""Seconds an answer may wait for room in a peer's outgoing budget before the peer is cut
-off as a slow consumer."""
+STALL_TIMEOUT: Final = 10.0
+"""Seconds an answer may wait for room in a peer's outgoing budget *with nothing written
+to the peer meanwhile* before the peer is cut off as a slow consumer (a slow reader that
+makes progress is never cut off for waiting)."""
 REQUESTS_IN_FLIGHT: Final = 64
 """Requests of one peer being answered at once (its reader pauses at this many)."""
 
@@ -107,6 +108,11 @@ class Pool:
         self.used = max(0, self.used - size)
         self._grant()
 
+    def open_up(self) -> None:
+        """Let every waiter in now and from now on (the pool's owner is closing)."""
+        self.limit = 1 << 62
+        self._grant()
+
     def _fits(self, size: int) -> bool:
         return self.used == 0 or self.used + size <= self.limit
 
@@ -129,6 +135,12 @@ class Outgoing:
         self._frames: deque[tuple[bytes, int, int]] = deque()
         self._arrived = asyncio.Event()
         self._closed = False
+        self.written_frames = 0
+        """Frames written so far (a waiting sender's measure of progress)."""
+
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
 
     @property
     def queued_bytes(self) -> int:
@@ -151,6 +163,9 @@ class Outgoing:
         budget and the node's pool, then queue ``encode()``: nothing is encoded before
         there is room for it."""
         await self._own.take(size)
+        if self.closed():
+            self._own.give(size)
+            return
         try:
             await self._pool.take(size)
         except BaseException:
@@ -162,7 +177,7 @@ class Outgoing:
             self._own.give(size)
             self._pool.give(size)
             raise
-        if self._closed:
+        if self.closed():
             self._own.give(size)
             self._pool.give(size)
             return
@@ -185,6 +200,7 @@ class Outgoing:
     def written(self, item: tuple[bytes, int, int]) -> None:
         """``item`` (from :meth:`get`) left: give back what it held."""
         _frame, own, pooled = item
+        self.written_frames += 1
         self._own.give(own)
         if pooled:
             self._pool.give(pooled)
@@ -196,6 +212,7 @@ class Outgoing:
         if drop:
             while self._frames:
                 self.written(self._frames.popleft())
+        self._own.open_up()  # senders waiting for room wake, see the close, and give up
         self._arrived.set()
 
 

@@ -268,17 +268,30 @@ class PeerConnection:
 
     async def send(self, msg: Message, *, size: int) -> None:
         """Send ``msg`` (at most ``size`` bytes encoded), waiting for room in this peer's
-        outgoing budget and the node's answer pool before encoding it. A peer that makes
-        it wait longer than the stall timeout is cut off as a slow consumer (then this
-        raises ConnectionClosed)."""
-        if self._closed.is_set() or self._overflowed:
+        outgoing budget and the node's answer pool before encoding it. A peer that lets it
+        wait the stall timeout with nothing written to it meanwhile is cut off as a slow
+        consumer (then this raises ConnectionClosed)."""
+        if self._gone():
             raise ConnectionClosed("the connection closed")
+        put = asyncio.ensure_future(self._outgoing.put(size, lambda: encode_frame(msg)))
         try:
-            async with asyncio.timeout(self._bounds.stall_timeout):
-                await self._outgoing.put(size, lambda: encode_frame(msg))
-        except TimeoutError:
-            self.cut_off(f"an answer waited {self._bounds.stall_timeout:g} s for room")
-            raise ConnectionClosed("slow consumer: cut off") from None
+            while True:
+                written = self._outgoing.written_frames
+                await asyncio.wait({put}, timeout=self._bounds.stall_timeout)
+                if put.done():
+                    put.result()
+                    return
+                if self._gone():
+                    raise ConnectionClosed("the connection closed")
+                if self._outgoing.written_frames == written:
+                    self.cut_off(f"nothing was written for {self._bounds.stall_timeout:g} s")
+                    raise ConnectionClosed("slow consumer: cut off")
+        finally:
+            put.cancel()
+
+    def _gone(self) -> bool:
+        """Whether the connection closed or is being cut off."""
+        return self._closed.is_set() or self._overflowed
 
     def check_credentials(self) -> None:
         """Raise PolicyDenied (or PresenceRejected) if what the peer proved at the

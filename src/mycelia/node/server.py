@@ -15,9 +15,11 @@ Bounds (ARCHITECTURE.md §7; each a documented default, each refused with a type
 - at most ``max_connections`` connections (:data:`MAX_CONNECTIONS`), and at most
   ``max_connections_per_ip`` from one address (off by default): one more is closed with
   1013 and ``Overloaded`` as its reason;
-- before the handshake completes a frame may be at most ``limits.max_handshake_bytes``
-  (websockets refuses a bigger one from its header, before reading it); after it, the
-  frame limit;
+- before the handshake completes a frame may be at most ``limits.max_handshake_bytes``:
+  a connection holding more of one is closed (1009) as its bytes arrive, before anything
+  decodes them; after it, the frame limit (websockets refuses a bigger frame from its
+  header). The limit is raised by the session (``allow_frames``), not by the socket:
+  a client sends its first request right behind its proof, in the same packet;
 - a message that started arriving must finish within ``unfinished_timeout``
   (:data:`UNFINISHED_TIMEOUT`), or the connection is closed (1008); fragmented messages
   are not part of the protocol (1002);
@@ -242,10 +244,13 @@ class BoundedConnection(ServerConnection):
 
     partial: Partial
     unfinished_timeout: float
+    handshake_bytes: int
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._since: asyncio.TimerHandle | None = None
+        self.frame_limit = self.handshake_bytes
+        """The largest frame this connection may send now (raised after the handshake)."""
 
     def data_received(self, data: bytes) -> None:
         """Read as websockets does, then account for the unfinished message."""
@@ -272,6 +277,9 @@ class BoundedConnection(ServerConnection):
 
     def _account(self) -> None:
         held = len(self.protocol.reader.buffer) if self.protocol.state is State.OPEN else 0
+        if held > self.frame_limit + 16:  # (16: a frame's header)
+            self._fail(1009, f"a frame over {self.frame_limit} bytes before the handshake")
+            return
         self.partial.update(self, held)
         if not held:
             self._stop_timer()
@@ -297,12 +305,15 @@ class BoundedConnection(ServerConnection):
         self.partial.forget(self)
 
 
-def _connection_class(partial: Partial, unfinished_timeout: float) -> type[BoundedConnection]:
-    return type(
-        "BoundedConnection",
-        (BoundedConnection,),
-        {"partial": partial, "unfinished_timeout": unfinished_timeout},
-    )
+def _connection_class(
+    partial: Partial, unfinished_timeout: float, handshake_bytes: int
+) -> type[BoundedConnection]:
+    settings = {
+        "partial": partial,
+        "unfinished_timeout": unfinished_timeout,
+        "handshake_bytes": handshake_bytes,
+    }
+    return type("BoundedConnection", (BoundedConnection,), settings)
 
 
 class Admission:
@@ -338,6 +349,13 @@ class ServedWebsocket(WebsocketTransport):
     def __init__(self, connection: ServerConnection) -> None:
         super().__init__(connection)
         self._connection = connection
+
+    def allow_frames(self, max_bytes: int) -> None:
+        """The largest frame the peer may send from now on (see the module docstring)."""
+        if isinstance(self._connection, BoundedConnection):
+            self._connection.frame_limit = max_bytes
+        else:
+            super().allow_frames(max_bytes)
 
     async def close_because(self, code: int, reason: str) -> None:
         """Close with websocket close ``code`` and ``reason``."""
@@ -503,13 +521,15 @@ async def serve(
         handler,
         sock=sock or bind(host, port),
         ssl=ssl,
-        max_size=node.limits.max_handshake_bytes,  # raised once the handshake is done
+        max_size=node.limits.max_frame_bytes,
         max_queue=QUEUED_FRAMES,
         compression=compression,
         process_request=process_request,
         ping_interval=20,
         close_timeout=2,  # a peer that will not finish the closing handshake is cut off
-        create_connection=_connection_class(Partial(partial_bytes), unfinished_timeout),
+        create_connection=_connection_class(
+            Partial(partial_bytes), unfinished_timeout, node.limits.max_handshake_bytes
+        ),
     )
     from mycelia import __version__  # noqa: PLC0415 - the package imports this module
 

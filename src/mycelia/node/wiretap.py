@@ -18,8 +18,9 @@ Invariants:
   peer may have far fewer in flight; a request beyond the bound is simply not timed).
 - ``close`` says why when the transport can (:class:`Explaining`): the error that ended
   the connection (``why()``) becomes a websocket close code (1002 a protocol violation,
-  1008 a policy or budget one, 1011 a bug here) and a reason naming the error by its code
-  (:func:`~mycelia.node.transport.close_reason`), which the peer raises as that error.
+  1008 a policy or budget one, 1009 a frame or field too large, 1011 a bug here) and a
+  reason naming the error by its code (:func:`~mycelia.node.transport.close_reason`),
+  which the peer raises as that error.
 - It forwards a frame limit to the transport it wraps (:class:`~mycelia.node.transport.Bounded`).
 """
 
@@ -30,7 +31,14 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol, runtime_checkable
 
-from mycelia.errors import ConnectionClosed, DecodeError, MyceliaError, Overloaded, PolicyDenied
+from mycelia.errors import (
+    ConnectionClosed,
+    DecodeError,
+    MyceliaError,
+    Overloaded,
+    PayloadTooLarge,
+    PolicyDenied,
+)
 from mycelia.node.metrics import Metrics
 from mycelia.node.transport import Transport, allow_frames, close_reason
 from mycelia.proto.messages import decode_frame, message_types, peek
@@ -66,7 +74,9 @@ def close_code(error: BaseException | None) -> tuple[int, str]:
         return 1000, ""
     if isinstance(error, ConnectionClosed):
         return 1000, str(error).encode()[:123].decode("utf-8", "ignore")
-    if isinstance(error, PolicyDenied | Overloaded):
+    if isinstance(error, PayloadTooLarge):
+        code = 1009  # message too big
+    elif isinstance(error, PolicyDenied | Overloaded):
         code = 1008  # policy violation (a refusal, or a budget the peer overran)
     elif isinstance(error, MyceliaError | TimeoutError):
         code = 1002  # protocol error
