@@ -15,11 +15,13 @@ Bounds (ARCHITECTURE.md §7; each a documented default, each refused with a type
 - at most ``max_connections`` connections (:data:`MAX_CONNECTIONS`), and at most
   ``max_connections_per_ip`` from one address (off by default): one more is closed with
   1013 and ``Overloaded`` as its reason;
-- before the handshake completes a frame may be at most ``limits.max_handshake_bytes``:
-  a connection holding more of one is closed (1009) as its bytes arrive, before anything
-  decodes them; after it, the frame limit (websockets refuses a bigger frame from its
-  header). The limit is raised by the session (``allow_frames``), not by the socket:
-  a client sends its first request right behind its proof, in the same packet;
+- a peer's first two frames (its Presence and its proof) may be at most
+  ``limits.max_handshake_bytes`` each: a connection holding more of one is closed (1009)
+  as its bytes arrive, before anything decodes them; later frames, the frame limit
+  (websockets refuses a bigger frame from its header). The socket counts frames rather
+  than wait for the session's verdict because a client sends its first request right
+  behind its proof, often in the same packet (the session refuses anything but a proof
+  until the proof verifies);
 - a message that started arriving must finish within ``unfinished_timeout``
   (:data:`UNFINISHED_TIMEOUT`), or the connection is closed (1008); fragmented messages
   are not part of the protocol (1002);
@@ -57,7 +59,7 @@ from websockets.asyncio.server import Server as WsServer
 from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 from websockets.datastructures import Headers
-from websockets.frames import CONT, Frame
+from websockets.frames import CONT, DATA_OPCODES, Frame
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
@@ -95,6 +97,8 @@ PARTIAL_BYTES: Final = 64 * 1024 * 1024
 """Bytes of unfinished messages all of a server's connections may hold together."""
 QUEUED_FRAMES: Final = 2
 """Whole frames websockets holds per connection for the session to take."""
+HANDSHAKE_FRAMES: Final = 2
+"""Frames a dialer sends before its requests: its Presence and its proof."""
 
 
 async def serve_peer(
@@ -249,8 +253,8 @@ class BoundedConnection(ServerConnection):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._since: asyncio.TimerHandle | None = None
-        self.frame_limit = self.handshake_bytes
-        """The largest frame this connection may send now (raised after the handshake)."""
+        self._frames = 0
+        """Data frames received so far (the first HANDSHAKE_FRAMES are small)."""
 
     def data_received(self, data: bytes) -> None:
         """Read as websockets does, then account for the unfinished message."""
@@ -262,6 +266,8 @@ class BoundedConnection(ServerConnection):
         if isinstance(event, Frame) and (event.opcode is CONT or not event.fin):
             self._fail(1002, "fragmented messages are not part of this protocol")
             return
+        if isinstance(event, Frame) and event.opcode in DATA_OPCODES:
+            self._frames += 1
         super().process_event(event)  # type: ignore[arg-type]
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -277,8 +283,8 @@ class BoundedConnection(ServerConnection):
 
     def _account(self) -> None:
         held = len(self.protocol.reader.buffer) if self.protocol.state is State.OPEN else 0
-        if held > self.frame_limit + 16:  # (16: a frame's header)
-            self._fail(1009, f"a frame over {self.frame_limit} bytes before the handshake")
+        if self._frames < HANDSHAKE_FRAMES and held > self.handshake_bytes + 16:  # (a header)
+            self._fail(1009, f"a handshake frame over {self.handshake_bytes} bytes")
             return
         self.partial.update(self, held)
         if not held:
@@ -351,11 +357,8 @@ class ServedWebsocket(WebsocketTransport):
         self._connection = connection
 
     def allow_frames(self, max_bytes: int) -> None:
-        """The largest frame the peer may send from now on (see the module docstring)."""
-        if isinstance(self._connection, BoundedConnection):
-            self._connection.frame_limit = max_bytes
-        else:
-            super().allow_frames(max_bytes)
+        """Nothing to do: the connection bounds the handshake's frames itself (see the
+        module docstring)."""
 
     async def close_because(self, code: int, reason: str) -> None:
         """Close with websocket close ``code`` and ``reason``."""
@@ -370,6 +373,8 @@ class Server:
         self.metrics = metrics
         self.tls = tls
         self.connections: set[PeerConnection] = set()
+        self.partial = Partial(PARTIAL_BYTES)
+        """The unfinished messages of every connection (see the module docstring)."""
         self.draining = False
         self._ws: WsServer | None = None
         self._unwatch: Callable[[], None] = lambda: None
@@ -480,6 +485,7 @@ async def serve(
     """
     metrics = metrics or Metrics()
     server = Server(node, metrics, tls=ssl is not None)
+    server.partial = Partial(partial_bytes)
     endpoints = HttpEndpoints(
         serving=lambda: server.serving,
         metrics=metrics if metrics_endpoint else None,
@@ -528,7 +534,7 @@ async def serve(
         ping_interval=20,
         close_timeout=2,  # a peer that will not finish the closing handshake is cut off
         create_connection=_connection_class(
-            Partial(partial_bytes), unfinished_timeout, node.limits.max_handshake_bytes
+            server.partial, unfinished_timeout, node.limits.max_handshake_bytes
         ),
     )
     from mycelia import __version__  # noqa: PLC0415 - the package imports this module

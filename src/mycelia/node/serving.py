@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 
 MAX_SUBSCRIPTIONS: Final = 256
 """Standing queries one peer may hold."""
-FEED_BYTES: Final = 32 * 1024 * 1024
+FEED_BYTES: Final = 8 * 1024 * 1024
 """Bytes of committed changes a subscriber may fall behind by before it is cut off."""
 PAGE_ENVELOPE: Final = 1024
 """Room a page keeps for its message around its deltas or events."""

@@ -414,6 +414,11 @@ class LmdbStorage:
         self._remember(batch.events)
         return result
 
+    @property
+    def cached_event_bytes(self) -> int:
+        """Bytes of recently committed events kept decoded (at most RECENT_BYTES)."""
+        return self._recent_bytes
+
     def _check_writable(self) -> None:
         if self._closed:
             raise StorageError(f"this LmdbStorage ({self.path}) is closed")

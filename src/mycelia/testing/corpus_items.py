@@ -280,7 +280,7 @@ def _oversized(fx: Fixture) -> list[CorpusItem]:
                 "oversized-batch",
                 "10,001 events (the limit is 10,000)",
                 _commit_raw([b""] * 10_001),
-                "close",
+                "error:PayloadTooLarge",
             ),
             ("wide-known-head", "a fetch claiming a 257-id head", fetch, "error:PayloadTooLarge"),
             (
