@@ -49,6 +49,15 @@ class Served:
                 return int(line.split()[1]) * 1024
         raise AssertionError("no VmRSS")  # pragma: no cover
 
+    def rss_parts(self) -> dict[str, int]:
+        """The server's resident memory by kind (RssAnon, RssFile, RssShmem), in bytes."""
+        parts = {}
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("Rss"):
+                name, value = line.split(":", 1)
+                parts[name] = int(value.split()[0]) * 1024
+        return parts
+
     def cpu(self) -> float:
         """The server's CPU time so far, in seconds (user and system)."""
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()

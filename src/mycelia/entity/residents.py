@@ -22,7 +22,7 @@ __all__ = ["DEFAULT_KEEP", "DEFAULT_KEEP_BYTES", "Residents", "resident_size"]
 
 DEFAULT_KEEP: Final = 1024
 """Entities kept strongly (most recently used)."""
-DEFAULT_KEEP_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_KEEP_BYTES: Final = 32 * 1024 * 1024
 """Bytes of entities kept strongly (estimated, see :func:`resident_size`)."""
 _OVERHEAD: Final = 512
 """What an entity costs besides its values (objects, head, backends)."""

@@ -43,7 +43,7 @@ OUTGOING_BYTES: Final = 8 * 1024 * 1024
 """Bytes queued for one peer before it counts as a slow consumer."""
 INCOMING_BYTES: Final = 16 * 1024 * 1024
 """Bytes of one peer's requests read and not answered yet before its reader pauses."""
-ANSWER_POOL_BYTES: Final = 64 * 1024 * 1024
+ANSWER_POOL_BYTES: Final = 32 * 1024 * 1024
 """Bytes of answers queued for all of a node's peers together."""
 PAGE_BYTES: Final = 1024 * 1024
 """How much one page of a paged answer aims to carry (an entity larger than that travels
@@ -135,6 +135,7 @@ class Outgoing:
         self._frames: deque[tuple[bytes, int, int]] = deque()
         self._arrived = asyncio.Event()
         self._closed = False
+        self._writing = 0
         self.written_frames = 0
         """Frames written so far (a waiting sender's measure of progress)."""
 
@@ -147,6 +148,12 @@ class Outgoing:
         """Bytes held for the peer now (queued, being written, or reserved)."""
         return self._own.used
 
+    def stuck(self, written_before: int) -> bool:
+        """Whether frames are waiting for the peer and none was written since
+        :attr:`written_frames` was ``written_before`` (the peer is not reading; waiting
+        for the node's pool alone is not the peer's fault)."""
+        return self.written_frames == written_before and bool(self._frames or self._writing)
+
     def offer(self, frame: bytes) -> bool:
         """Queue ``frame`` if it fits the budget now; False if it does not (the caller
         cuts the peer off). A closed queue drops it (True: nothing to do)."""
@@ -158,28 +165,53 @@ class Outgoing:
         self._arrived.set()
         return True
 
-    async def put(self, size: int, encode: Callable[[], bytes]) -> None:
-        """Wait until ``size`` bytes (an upper bound of the frame's) fit this connection's
-        budget and the node's pool, then queue ``encode()``: nothing is encoded before
-        there is room for it."""
-        await self._own.take(size)
-        if self.closed():
-            self._own.give(size)
+    def force(self, frame: bytes) -> None:
+        """Queue ``frame`` whatever the budget (this node's own requests: their callers
+        bound them), counting it."""
+        if self._closed:
             return
+        self._own.used += len(frame)
+        self._frames.append((frame, len(frame), 0))
+        self._arrived.set()
+
+    async def reserve(self, size: int) -> None:
+        """Take ``size`` bytes of this connection's budget and of the node's pool ahead of
+        building a frame (give them to :meth:`put` as ``reserved``, or back with
+        :meth:`unreserve`)."""
+        await self._own.take(size)
         try:
             await self._pool.take(size)
         except BaseException:
             self._own.give(size)
             raise
+
+    def unreserve(self, size: int) -> None:
+        """Give back bytes :meth:`reserve` took."""
+        self._own.give(size)
+        self._pool.give(size)
+
+    async def put(
+        self, size: int, encode: Callable[[], bytes], *, slot: list[int] | None = None
+    ) -> None:
+        """Wait until ``size`` bytes (an upper bound of the frame's) fit this connection's
+        budget and the node's pool, then queue ``encode()``: nothing is encoded before
+        there is room for it. ``slot[0]`` bytes taken before by :meth:`reserve` count
+        towards ``size``: once the room is there this takes them over (``slot[0]`` becomes
+        0); if it fails first, they stay in the slot for its owner to give back."""
+        held = slot[0] if slot is not None else 0
+        if size > held:
+            await self.reserve(size - held)
+        elif held > size:
+            self.unreserve(held - size)
+        if slot is not None:
+            slot[0] = 0  # in the same step as the reserve's end: nothing is lost between
         try:
-            frame = encode()
+            frame = None if self.closed() else encode()
         except BaseException:
-            self._own.give(size)
-            self._pool.give(size)
+            self.unreserve(size)
             raise
-        if self.closed():
-            self._own.give(size)
-            self._pool.give(size)
+        if frame is None:
+            self.unreserve(size)
             return
         extra = max(0, len(frame) - size)  # an estimate that fell short: count it all
         self._own.used += extra
@@ -195,12 +227,17 @@ class Outgoing:
                 return None
             self._arrived.clear()
             await self._arrived.wait()
+        self._writing += 1
         return self._frames.popleft()
 
     def written(self, item: tuple[bytes, int, int]) -> None:
         """``item`` (from :meth:`get`) left: give back what it held."""
-        _frame, own, pooled = item
+        self._writing = max(0, self._writing - 1)
         self.written_frames += 1
+        self._release(item)
+
+    def _release(self, item: tuple[bytes, int, int]) -> None:
+        _frame, own, pooled = item
         self._own.give(own)
         if pooled:
             self._pool.give(pooled)
@@ -211,7 +248,7 @@ class Outgoing:
         self._closed = True
         if drop:
             while self._frames:
-                self.written(self._frames.popleft())
+                self._release(self._frames.popleft())
         self._own.open_up()  # senders waiting for room wake, see the close, and give up
         self._arrived.set()
 

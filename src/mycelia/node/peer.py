@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -80,6 +81,8 @@ OUTGOING_FRAMES: Final = 4096
 MAX_ANSWER_BYTES: Final = 256 * 1024 * 1024
 """Bytes of pages this side holds for one answer before it refuses the peer's answer."""
 PAGE_TYPES: Final = tuple(PAGES.values())
+_RESERVED: Final[ContextVar[list[int] | None]] = ContextVar("mycelia_reserved", default=None)
+"""In an answering task: the room reserved for its answer's first frame (see _answer)."""
 
 UpdateHandler = Callable[[SubscriptionUpdate | SubscriptionEnded], Coroutine[object, object, None]]
 
@@ -234,7 +237,7 @@ class PeerConnection:
         self._pending[rid] = future
         future.add_done_callback(_seen)
         future.add_done_callback(lambda _: self._forget_request(rid))
-        self._enqueue(encode_frame(make(rid)))
+        self._outgoing.force(encode_frame(make(rid)))  # our own request: its caller bounds it
         return future
 
     async def request(
@@ -268,26 +271,35 @@ class PeerConnection:
 
     async def send(self, msg: Message, *, size: int) -> None:
         """Send ``msg`` (at most ``size`` bytes encoded), waiting for room in this peer's
-        outgoing budget and the node's answer pool before encoding it. A peer that lets it
-        wait the stall timeout with nothing written to it meanwhile is cut off as a slow
-        consumer (then this raises ConnectionClosed)."""
+        outgoing budget and the node's answer pool before encoding it (an answer's first
+        frame uses the room its request reserved). A peer that lets it wait the stall
+        timeout with nothing written to it meanwhile is cut off as a slow consumer (then
+        this raises ConnectionClosed)."""
         if self._gone():
             raise ConnectionClosed("the connection closed")
-        put = asyncio.ensure_future(self._outgoing.put(size, lambda: encode_frame(msg)))
+        put = self._outgoing.put(size, lambda: encode_frame(msg), slot=_RESERVED.get())
+        await self._wait_room(put)
+
+    async def _wait_room(self, waiting: Coroutine[object, object, None]) -> None:
+        """Run ``waiting`` (it waits for room in the budgets); cut the peer off if it
+        waits the stall timeout with frames queued for it and none written meanwhile."""
+        task = asyncio.ensure_future(waiting)
         try:
             while True:
                 written = self._outgoing.written_frames
-                await asyncio.wait({put}, timeout=self._bounds.stall_timeout)
-                if put.done():
-                    put.result()
+                await asyncio.wait({task}, timeout=self._bounds.stall_timeout)
+                if task.done():
+                    task.result()
                     return
                 if self._gone():
                     raise ConnectionClosed("the connection closed")
-                if self._outgoing.written_frames == written:
+                if self._outgoing.stuck(written):
                     self.cut_off(f"nothing was written for {self._bounds.stall_timeout:g} s")
                     raise ConnectionClosed("slow consumer: cut off")
         finally:
-            put.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})  # its room is given back (or taken over) first
 
     def _gone(self) -> bool:
         """Whether the connection closed or is being cut off."""
@@ -446,20 +458,33 @@ class PeerConnection:
         self._pages.pop(request_id, None)
 
     async def _answer(self, msg: Message, size: int) -> None:
+        """Answer one request: room for its first page is reserved before anything is
+        built (so a peer cannot have many large answers built and held at once)."""
         rid = getattr(msg, "request_id", 0)
+        slot = [0]
+        token = _RESERVED.set(slot)
         try:
-            response = await self._answers.handle(self, msg)
-        except MyceliaError as exc:
-            response = ErrorResponse.of(rid, exc)
-        except Exception as exc:  # a bug must not leave the peer hanging
-            log.exception("request %s from %s failed", rid, self.remote)
-            response = ErrorResponse.of(rid, MyceliaError(f"internal error: {type(exc).__name__}"))
-        try:
+            await self._wait_room(self._reserve(slot))
+            try:
+                response = await self._answers.handle(self, msg)
+            except MyceliaError as exc:
+                response = ErrorResponse.of(rid, exc)
+            except Exception as exc:  # a bug must not leave the peer hanging
+                log.exception("request %s from %s failed", rid, self.remote)
+                error = MyceliaError(f"internal error: {type(exc).__name__}")
+                response = ErrorResponse.of(rid, error)
             await self.send(response, size=_size(response))
         except ConnectionClosed:
             pass  # the peer is gone, or was cut off: nobody is waiting
         finally:
+            _RESERVED.reset(token)
+            if slot[0]:
+                self._outgoing.unreserve(slot[0])
             self._in_flight.done(size)
+
+    async def _reserve(self, slot: list[int]) -> None:
+        await self._outgoing.reserve(self.page_bytes)
+        slot[0] = self.page_bytes  # in the same step as the reserve's end: nothing leaks
 
     async def _commit_loop(self) -> None:
         """Apply the peer's commits in arrival order, everything waiting at once."""

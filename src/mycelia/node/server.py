@@ -93,7 +93,7 @@ MAX_CONNECTIONS: Final = 1024
 """Connections one server holds at once (handshaking or ready)."""
 UNFINISHED_TIMEOUT: Final = 30.0
 """Seconds a message may take to arrive once its first bytes did."""
-PARTIAL_BYTES: Final = 64 * 1024 * 1024
+PARTIAL_BYTES: Final = 32 * 1024 * 1024
 """Bytes of unfinished messages all of a server's connections may hold together."""
 QUEUED_FRAMES: Final = 2
 """Whole frames websockets holds per connection for the session to take."""
