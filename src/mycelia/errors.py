@@ -36,7 +36,8 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     │   └── CommitReverted         a local commit was undone: it was built on one the
     │                              durable peer refused, or its entity was reverted under it
     ├── QueryError                 a query could not be parsed or evaluated (column given), or
-    │                              names a field its model lacks, or a value of the wrong type
+    │   │                          names a field its model lacks, or a value of the wrong type
+    │   └── QueryTooExpensive      a query is beyond the cost budget (terms, work)
     ├── UsageError                 the API was used out of order (also a RuntimeError)
     │   └── NodeClosed             the node was closed: every call on it or its contexts raises
     └── ProtocolError              the peering protocol failed
@@ -47,13 +48,28 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
         ├── ConnectTimeout         wait_ready gave up (also a TimeoutError): names the state
         │                          and the last cause (refused, DNS, TLS, version, handshake)
         ├── RemoteError            the peer answered a request with an error
-        └── ConnectionClosed       the connection closed before the operation finished
+        ├── ConnectionClosed       the connection closed before the operation finished
+        │   └── NotConnected       there was no open connection: nothing was asked
+        └── Overloaded             the peer refused work beyond one of its budgets
 
 Backend exceptions (lmdb, psycopg, websockets, msgpack) are translated where they are
 caught and chained with ``raise ... from exc``; nothing else escapes the public API.
+
+**Codes.** Every class has a stable numeric code (:data:`CODES`, the table in
+``docs/protocol.md``): errors travel between peers as codes, never as class names. A
+class's code is its parent's followed by two digits (``PayloadTooLarge`` 10201 is a
+``DecodeError``, 102), so a code this node does not know is read as its nearest known
+ancestor (:func:`error_class`). Codes are never reused or renumbered. A peer's error is
+raised here as :func:`remote`: an instance of both the class its code names and
+:class:`RemoteError` (or :class:`ConnectionClosed`, for a connection the peer closed with
+a reason), so ``except PolicyDenied`` and ``except RemoteError`` both catch it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
 
 __all__ = [
     "AddressInUse",
@@ -77,12 +93,15 @@ __all__ = [
     "LocalProtocolError",
     "MyceliaError",
     "NodeClosed",
+    "NotConnected",
+    "Overloaded",
     "PayloadTooLarge",
     "PendingLimit",
     "PolicyDenied",
     "PresenceRejected",
     "ProtocolError",
     "QueryError",
+    "QueryTooExpensive",
     "RemoteError",
     "RemoteProtocolError",
     "RequestTimeout",
@@ -97,6 +116,10 @@ __all__ = [
     "TransactionClosed",
     "TransactionError",
     "UsageError",
+    "closed_by_peer",
+    "code_of",
+    "error_class",
+    "remote",
 ]
 
 
@@ -148,6 +171,8 @@ class RetrievalError(MyceliaError):
 
 class EventNotFound(RetrievalError):
     """An event id is not known to this node (nor, where asked, to its peers)."""
+
+    event_id: object = None
 
     def __init__(self, message: str, *, event_id: object = None) -> None:
         super().__init__(message)
@@ -239,9 +264,16 @@ class CommitReverted(TransactionError):
 class QueryError(MyceliaError):
     """A query could not be parsed or evaluated; ``column`` points at the problem (1-based)."""
 
+    column: int | None = None
+
     def __init__(self, message: str, *, column: int | None = None) -> None:
         super().__init__(message if column is None else f"{message} (at column {column})")
         self.column = column
+
+
+class QueryTooExpensive(QueryError):
+    """A query is beyond the cost budget: too many terms, or more evaluation work than one
+    query may take (ARCHITECTURE.md §8). Narrow it (an indexed condition, fewer ORs)."""
 
 
 class UsageError(MyceliaError, RuntimeError):
@@ -290,12 +322,143 @@ class ConnectTimeout(ProtocolError, TimeoutError):
 
 
 class RemoteError(ProtocolError):
-    """The peer answered a request with an error; ``kind`` names its class on the peer."""
+    """The peer answered a request with an error; ``kind`` names its class, ``code`` is its
+    wire code (see :func:`remote`: a peer's error is also an instance of that class)."""
 
-    def __init__(self, message: str, *, kind: str = "MyceliaError") -> None:
+    kind: str = "MyceliaError"
+    code: int = 1
+
+    def __init__(self, message: str, *, kind: str = "MyceliaError", code: int = 1) -> None:
         super().__init__(message)
         self.kind = kind
+        self.code = code
 
 
 class ConnectionClosed(ProtocolError):
     """The connection closed before the operation finished."""
+
+
+class NotConnected(ConnectionClosed):
+    """There was no open connection to send the request on: nothing was asked (a reader
+    then answers from what this node holds)."""
+
+
+class Overloaded(ProtocolError):
+    """The peer refused work beyond one of its documented budgets (connections, bytes
+    queued for a connection, bytes in flight): do less at once, or try again later."""
+
+
+CODES: Final[Mapping[type[MyceliaError], int]] = MappingProxyType(
+    {
+        MyceliaError: 1,
+        InvalidArgument: 101,
+        ConfigError: 10101,
+        AddressInUse: 1010101,
+        DecodeError: 102,
+        PayloadTooLarge: 10201,
+        InvalidEvent: 10202,
+        IdMismatch: 1020201,
+        InvalidState: 10203,
+        InvalidMessage: 10204,
+        RetrievalError: 103,
+        EventNotFound: 10301,
+        EntityNotFound: 10302,
+        LineageError: 104,
+        BudgetExceeded: 10401,
+        Disjoint: 10402,
+        PendingLimit: 10403,
+        SystemError_: 105,
+        SystemNotReady: 10501,
+        ForeignSystem: 10502,
+        ForeignNode: 10503,
+        PolicyDenied: 106,
+        StorageError: 107,
+        StorageLocked: 10701,
+        StorageReadOnly: 10702,
+        StorageNotFound: 10703,
+        StorageCorrupt: 10704,
+        TransactionError: 108,
+        TransactionClosed: 10801,
+        CommitReverted: 10802,
+        QueryError: 109,
+        QueryTooExpensive: 10901,
+        UsageError: 111,
+        NodeClosed: 11101,
+        ProtocolError: 110,
+        LocalProtocolError: 11001,
+        RemoteProtocolError: 11002,
+        PresenceRejected: 1100201,
+        RequestTimeout: 11003,
+        ConnectTimeout: 11007,
+        RemoteError: 11004,
+        ConnectionClosed: 11005,
+        NotConnected: 1100501,
+        Overloaded: 11006,
+    }
+)
+"""Every error class → its stable wire code (see the module docstring)."""
+
+_BY_CODE: Final = {code: cls for cls, code in CODES.items()}
+
+
+def code_of(error: BaseException) -> int:
+    """The wire code of ``error``: its class's, or its nearest coded ancestor's (1, the
+    root, for anything that is not a MyceliaError)."""
+    for cls in type(error).__mro__:
+        code = CODES.get(cls)
+        if code is not None:
+            return code
+    return CODES[MyceliaError]
+
+
+def error_class(code: int) -> type[MyceliaError]:
+    """The class a wire code names; an unknown code names its nearest known ancestor."""
+    while code > 0:
+        cls = _BY_CODE.get(code)
+        if cls is not None:
+            return cls
+        code //= 100
+    return MyceliaError
+
+
+_REMOTE: dict[tuple[type[MyceliaError], type[MyceliaError]], type[MyceliaError]] = {}
+
+
+def _combined(cls: type[MyceliaError], how: type[MyceliaError]) -> type[MyceliaError]:
+    """A class that is both ``cls`` and ``how`` (RemoteError or ConnectionClosed), made
+    once per pair; its constructor takes just the message."""
+    if issubclass(cls, how):
+        return cls
+    if issubclass(how, cls):  # the root, or ProtocolError: ``how`` is one already
+        return how
+    made = _REMOTE.get((cls, how))
+    if made is None:
+
+        def init(self: MyceliaError, message: str) -> None:
+            Exception.__init__(self, message)
+
+        made = type(f"{how.__name__}[{cls.__name__}]", (cls, how), {"__init__": init})
+        _REMOTE[(cls, how)] = made
+    return made
+
+
+def remote(code: int, text: str) -> RemoteError:
+    """The error a peer answered a request with, as this node raises it: an instance of
+    :class:`RemoteError` and of the class ``code`` names (``kind`` is that class's name,
+    ``code`` the code as sent)."""
+    cls = error_class(code)
+    error = _combined(cls, RemoteError)(f"{cls.__name__}: {text}")
+    assert isinstance(error, RemoteError)
+    error.kind = cls.__name__
+    error.code = code
+    return error
+
+
+def closed_by_peer(code: int, text: str) -> ConnectionClosed:
+    """A connection the peer closed, saying why with an error code: an instance of
+    :class:`ConnectionClosed` and of the class ``code`` names."""
+    cls = error_class(code)
+    closed = _combined(cls, ConnectionClosed)
+    error = closed(f"the peer closed the connection: {cls.__name__}: {text}")
+    assert isinstance(error, ConnectionClosed)
+    return error

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mycelia.errors import ConnectionClosed, PolicyDenied, RemoteProtocolError
+from mycelia.errors import ConnectionClosed, Overloaded, PolicyDenied, RemoteProtocolError
 from mycelia.node.http import HttpEndpoints
 from mycelia.node.metrics import Metrics
 from mycelia.node.tokens import TokenAgent, TokenIssuer, encode_token
@@ -40,7 +40,7 @@ async def test_the_tap_times_requests_counts_bytes_and_reports_refusals() -> Non
     assert await tap.recv() == commit
     clock.now += 0.25
     await tap.send(encode_frame(Ack(7)))
-    await tap.send(encode_frame(ErrorResponse(8, "PolicyDenied", "no grant to write 'albums'")))
+    await tap.send(encode_frame(ErrorResponse(8, 106, "no grant to write 'albums'")))
     assert sample(metrics, "mycelia_request_seconds_sum", request="GetRequest") == 0.25
     assert sample(metrics, "mycelia_request_seconds_count", request="CommitRequest") == 1
     assert sample(metrics, "mycelia_refused_total", reason="PolicyDenied") == 1
@@ -65,10 +65,11 @@ async def test_the_tap_passes_frames_it_cannot_read_unchanged() -> None:
     ("error", "code", "starts"),
     [
         (None, 1000, ""),
-        (PolicyDenied("no token"), 1008, "PolicyDenied: no token"),
-        (RemoteProtocolError("bad frame"), 1002, "RemoteProtocolError: bad frame"),
-        (ConnectionClosed("slow consumer: outgoing queue full"), 1000, "slow consumer"),
-        (RuntimeError("bug"), 1011, "RuntimeError: bug"),
+        (PolicyDenied("no token"), 1008, "106 PolicyDenied: no token"),
+        (RemoteProtocolError("bad frame"), 1002, "11002 RemoteProtocolError: bad frame"),
+        (Overloaded("slow consumer: 9 bytes queued"), 1008, "11006 Overloaded: slow consumer"),
+        (ConnectionClosed("the other end closed"), 1000, "the other end closed"),
+        (RuntimeError("bug"), 1011, "1 RuntimeError: bug"),
     ],
 )
 def test_close_codes_say_why_a_connection_ended(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from mycelia import Model, Node
+from mycelia import EntityId, Model, Node
 from mycelia.node.changes import ChangeQueue, ChangeSet
 from mycelia.storage import MemoryStorage
 
@@ -21,7 +21,7 @@ async def _node() -> Node:
     return node
 
 
-def _replay(result: dict[object, int], changes: ChangeSet[Card]) -> None:
+def _replay(result: dict[EntityId, int], changes: ChangeSet[Card]) -> None:
     for view in (*changes.initial, *changes.added, *changes.updated):
         result[view.id] = view.rank
     for view in changes.removed:
@@ -79,8 +79,8 @@ async def test_sets_taken_at_random_moments_add_up_to_the_result() -> None:
     rng = random.Random(7)
     node = await _node()
     async with node.context().query(Card, "rank > 10 ORDER BY rank") as live:
-        shown: dict[object, int] = {}
-        ids: list[object] = []
+        shown: dict[EntityId, int] = {}
+        ids: list[EntityId] = []
         for _ in range(300):
             async with node.context().transaction() as trx:
                 if not ids or rng.random() < 0.2:

@@ -14,9 +14,26 @@ import pytest
 
 from mycelia import Model, Node, Text
 from mycelia.entity import Snapshot
-from mycelia.errors import CommitReverted, EntityNotFound, PolicyDenied
+from mycelia.errors import (
+    CODES,
+    CommitReverted,
+    ConnectionClosed,
+    Disjoint,
+    EntityNotFound,
+    EventNotFound,
+    ForeignSystem,
+    InvalidArgument,
+    InvalidEvent,
+    MyceliaError,
+    PayloadTooLarge,
+    PendingLimit,
+    PolicyDenied,
+    StorageError,
+    error_class,
+    remote,
+)
 from mycelia.node import PermissiveAgent
-from mycelia.node.commits import Rejection
+from mycelia.node.commits import Rejection, _refusal
 from mycelia.node.inprocess import InProcessServer
 from mycelia.node.live import LiveQuery
 from mycelia.node.policy import Credentials
@@ -287,3 +304,30 @@ async def test_a_commit_forked_before_a_snapshot_moved_the_head_is_not_refused_l
     mine, theirs = await b.context().get(Doc, doc), await server_node.context().get(Doc, doc)
     assert (mine.n, mine.title, mine.head) == (42, "v9", theirs.head)
     assert theirs.n == 42
+
+
+@pytest.mark.parametrize(
+    ("code", "refused"),
+    [
+        (CODES[PolicyDenied], True),
+        (CODES[PayloadTooLarge], True),
+        (CODES[InvalidEvent], True),
+        (CODES[ForeignSystem], True),
+        (CODES[Disjoint], True),
+        (CODES[InvalidArgument], True),
+        (10299, True),  # a decode error this node does not know: still a decode error
+        (CODES[PendingLimit], False),  # the peer is busy
+        (CODES[EventNotFound], False),  # a parent the peer lacks (yet)
+        (CODES[StorageError], False),
+        (CODES[ConnectionClosed], False),  # it was shutting down
+        (CODES[MyceliaError], False),  # an internal error there
+        (99, False),  # an unknown family
+    ],
+)
+def test_a_peers_error_code_reverts_only_when_it_says_never(code: int, refused: bool) -> None:
+    error = remote(code, "from the peer")
+    verdict = _refusal(error)
+    assert (verdict is not None) is refused
+    if refused:
+        assert type(verdict) is error_class(code)
+        assert "from the peer" in str(verdict)

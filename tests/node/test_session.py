@@ -18,7 +18,10 @@ ROOT = EntityId(b"\x01" * 32)
 def pair(
     *, version_b: int = PROTOCOL_VERSION, key_b: NodeKey | None = None
 ) -> tuple[PeerSession, PeerSession]:
-    a = PeerSession(key=NodeKey.generate(), durable=True, system_root=ROOT, limits=DEFAULT_LIMITS)
+    """``a`` listens (a durable server), ``b`` dials it (a client with a token)."""
+    a = PeerSession(
+        key=NodeKey.generate(), durable=True, system_root=ROOT, limits=DEFAULT_LIMITS, dialer=False
+    )
     b = PeerSession(
         key=key_b or NodeKey.generate(),
         durable=False,
@@ -26,16 +29,21 @@ def pair(
         limits=DEFAULT_LIMITS,
         token=b"tok",
         version=version_b,
+        dialer=True,
     )
     return a, b
 
 
 def handshake(a: PeerSession, b: PeerSession) -> tuple[list[object], list[object]]:
+    """Listener ``a`` proves first; dialer ``b`` verifies, then proves."""
     (pa,), (pb,) = a.start(), b.start()
     assert a.receive(pb) == []
     assert b.receive(pa) == []
-    (proof_a,), (proof_b,) = a.take_outgoing(), b.take_outgoing()
-    return list(a.receive(proof_b)), list(b.receive(proof_a))
+    (proof_a,) = a.take_outgoing()
+    assert b.take_outgoing() == []  # the dialer signs nothing before it verified the listener
+    events_b: list[object] = list(b.receive(proof_a))
+    (proof_b,) = b.take_outgoing()
+    return list(a.receive(proof_b)), events_b
 
 
 def test_a_handshake_verifies_both_sides_and_carries_the_token() -> None:
@@ -95,10 +103,11 @@ def test_a_proof_signed_by_another_key_is_rejected() -> None:
     a.receive(pb)
     b.receive(pa)
     a.take_outgoing()
-    b.take_outgoing()
     forged = PresenceProof(NodeKey.generate().sign(b"anything"), None)
     with pytest.raises(PresenceRejected, match="does not verify"):
         a.receive(encode_frame(forged))
+    with pytest.raises(PresenceRejected, match="does not verify"):
+        b.receive(encode_frame(forged))
 
 
 def test_garbage_is_a_decode_error_and_closes() -> None:

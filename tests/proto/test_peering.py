@@ -12,6 +12,7 @@ from mycelia.proto import DEFAULT_LIMITS, EntityId, EventId
 from mycelia.proto.codec import pack
 from mycelia.proto.messages import Message, decode_frame, encode_frame, message_types
 from mycelia.proto.peering import (
+    PAGES,
     REQUESTS,
     RESPONSES,
     Ack,
@@ -25,6 +26,7 @@ from mycelia.proto.peering import (
     Presence,
     PresenceProof,
     PresenceRejected,
+    SubscriptionEnded,
     SubscriptionUpdate,
     SystemRequest,
     expect_response,
@@ -82,11 +84,12 @@ def test_a_malformed_base_is_refused(bad: object) -> None:
 
 
 HANDSHAKE: set[type[Message]] = {Presence, PresenceProof, PresenceRejected}
-UPDATES: set[type[Message]] = {SubscriptionUpdate}
+UPDATES: set[type[Message]] = {SubscriptionUpdate, SubscriptionEnded}
 
 
 def test_every_message_is_a_handshake_frame_a_request_a_response_or_an_update() -> None:
     answers = {t for types in RESPONSES.values() for t in types} | {ErrorResponse}
+    answers |= set(PAGES.values())
     kinds = [HANDSHAKE, set(REQUESTS), answers, UPDATES]
     assert set[type[Message]]().union(*kinds) == set(message_types().values())
     assert sum(len(k) for k in kinds) == len(message_types())  # no message is two kinds

@@ -27,7 +27,7 @@ def samples() -> list[tuple[str, Message]]:
     node = NodeId(b"\x0c" * 32)
     delta = wire.Delta(A, "albums", True, STATE, (UPDATE,), (E2,))
     return [
-        ("presence", wire.Presence(node, True, A, 2, b"\x0d" * 32)),
+        ("presence", wire.Presence(node, True, A, 3, b"\x0d" * 32)),
         ("presence-no-root", wire.Presence(node, False, None, 0, b"\x0e" * 32)),
         ("proof", wire.PresenceProof(b"\x0f" * 64, b"token")),
         ("proof-no-token", wire.PresenceProof(b"\x10" * 64)),
@@ -46,19 +46,22 @@ def samples() -> list[tuple[str, Message]]:
         ("unsubscribe", wire.UnsubscribeRequest(11, 3)),
         ("commit", wire.CommitRequest(12, (ROOT,))),
         ("system", wire.SystemRequest(13)),
-        ("error", wire.ErrorResponse(14, "PolicyDenied", "not yours")),
+        ("error", wire.ErrorResponse(14, 106, "not yours")),
         ("ack", wire.Ack(15)),
         ("events", wire.EventsResponse(16, (GENESIS,), (1,))),
         ("events-no-generations", wire.EventsResponse(17, ())),
         ("deltas", wire.DeltasResponse(18, (delta, wire.Delta(B, "albums", False, None, ())))),
+        ("deltas-page", wire.DeltasPage(18, (wire.Delta(B, "albums", False, None, ()),))),
+        ("events-page", wire.EventsPage(16, (GENESIS,), (1,))),
         ("update", wire.SubscriptionUpdate(3, (wire.Delta(B, "notes", True, None, ()),))),
+        ("ended", wire.SubscriptionEnded(3, 106, "the token of 'ann' expired")),
     ]
 
 
 GOLDEN: Final[dict[str, str]] = {
     "presence": (
         "9601c4200c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0cc3c4200a0a0a"
-        "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a02c4200d0d0d0d0d0d0d0d0d0d"
+        "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a03c4200d0d0d0d0d0d0d0d0d0d"
         "0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d"
     ),
     "presence-no-root": (
@@ -99,7 +102,7 @@ GOLDEN: Final[dict[str, str]] = {
         "c410000000000000000000000000000000009192a36c777791c403010203"
     ),
     "system": "92100d",
-    "error": "94140eac506f6c69637944656e696564a96e6f7420796f757273",
+    "error": "94140e6aa96e6f7420796f757273",
     "ack": "92150f",
     "events": (
         "94171091c46395b16d7963656c69612f67656e657369732f31c420bd8e1fe12c488c146c7ac2036670e9"
@@ -118,6 +121,16 @@ GOLDEN: Final[dict[str, str]] = {
         "02020202020202020202020202020202020296c4200b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b"
         "0b0b0b0b0b0b0b0b0b0b0ba6616c62756d73c2c090c0"
     ),
+    "deltas-page": (
+        "9319129196c4200b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0ba6616c"
+        "62756d73c2c090c0"
+    ),
+    "events-page": (
+        "941a1091c46395b16d7963656c69612f67656e657369732f31c420bd8e1fe12c488c146c7ac2036670e9"
+        "50287f29a8a97f9e23806cd2dc268d8bd4a6616c62756d73c410000102030405060708090a0b0c0d0e0f"
+        "9292a36c777791c4010492a47465787491c40205069101"
+    ),
+    "ended": "941f036aba74686520746f6b656e206f662027616e6e272065787069726564",
     "update": (
         "931e039196c4200b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0ba56e6f"
         "746573c3c090c0"

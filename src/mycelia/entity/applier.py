@@ -60,9 +60,17 @@ from mycelia.entity.runs import (
     fetched,
 )
 from mycelia.entity.verdicts import Action, action_for, head_after, rejection
-from mycelia.errors import CommitReverted, InvalidEvent, MyceliaError
+from mycelia.errors import CommitReverted, InvalidEvent, MyceliaError, PayloadTooLarge
 from mycelia.event_dag import DEFAULT_BUDGET, missing
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
+from mycelia.proto import (
+    DEFAULT_LIMITS,
+    AdmittedEvent,
+    Clock,
+    EntityId,
+    EntityState,
+    Event,
+    EventId,
+)
 from mycelia.retrieval import (
     CachedGetter,
     EntityStore,
@@ -93,8 +101,11 @@ class Applier:
         on_change: Callable[[list[EntityChange]], None] | None = None,
         pending: PendingPool | None = None,
         budget: int = DEFAULT_BUDGET,
+        max_entity_bytes: int = DEFAULT_LIMITS.max_entity_bytes,
     ) -> None:
         self._store = store
+        self._max_entity_bytes = max_entity_bytes
+        """An entity may not grow past this (its snapshot must fit one frame)."""
         self._residents = residents
         self._durable = durable
         self._system_root = system_root
@@ -169,6 +180,7 @@ class Applier:
             for entity in latest.values()
             if entity.exists
         )
+        self._check_sizes(states, {p.entity.entity_id for p in plans if p.applied})
         batch = WriteBatch(events=events, states=states, meta=run.meta, forget=run.forget)
         await self._store.write(batch)
         result.stored.extend(events)
@@ -186,6 +198,17 @@ class Applier:
         result.changes.extend(changes)
         if changes:
             self._on_change(changes)
+
+    def _check_sizes(self, states: tuple[StoredState, ...], grown: set[EntityId]) -> None:
+        """Refuse a write that grows an entity past ``max_entity_bytes`` (ARCHITECTURE.md
+        §7: its snapshot could never be sent): PayloadTooLarge, nothing written."""
+        for stored in states:
+            state = stored.state
+            if state.entity_id in grown and state.wire_size() > self._max_entity_bytes:
+                raise PayloadTooLarge(
+                    f"entity {state.entity_id} would be {state.wire_size()} bytes; an entity "
+                    f"may be at most {self._max_entity_bytes} (split it into several)"
+                )
 
     # -- events from anywhere ------------------------------------------------------------
 

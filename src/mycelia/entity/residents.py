@@ -1,9 +1,12 @@
 """The resident-entity set: at most one in-memory :class:`Entity` per id on a node.
 
 Entities are held weakly (anyone still using one keeps it alive) plus a small strong LRU of
-recently used ones, so a hot entity is not re-decoded from storage on every commit. A
-resident is always either equal to what storage holds or ahead of it only inside an
-applier run that holds the entity's lock; an applier that fails evicts what it touched.
+recently used ones, so a hot entity is not re-decoded from storage on every commit. The
+LRU is bounded twice: at most ``keep`` entities and at most ``keep_bytes`` of them (each
+entity's size estimated from its values when it is put), so a few large entities cannot
+pin memory that a thousand small ones would not. A resident is always either equal to
+what storage holds or ahead of it only inside an applier run that holds the entity's
+lock; an applier that fails evicts what it touched.
 """
 
 from __future__ import annotations
@@ -15,51 +18,95 @@ from typing import Final
 from mycelia.entity.entity import Entity
 from mycelia.proto import EntityId
 
-__all__ = ["DEFAULT_KEEP", "Residents"]
+__all__ = ["DEFAULT_KEEP", "DEFAULT_KEEP_BYTES", "Residents", "resident_size"]
 
 DEFAULT_KEEP: Final = 1024
 """Entities kept strongly (most recently used)."""
+DEFAULT_KEEP_BYTES: Final = 32 * 1024 * 1024
+"""Bytes of entities kept strongly (estimated, see :func:`resident_size`)."""
+_OVERHEAD: Final = 512
+"""What an entity costs besides its values (objects, head, backends)."""
 
 
 class Residents:
-    """One in-memory entity per id (weakly held, with a strong LRU)."""
+    """One in-memory entity per id (weakly held, with a strong LRU bounded in count and
+    bytes)."""
 
-    __slots__ = ("_keep", "_recent", "_weak")
+    __slots__ = ("_bytes", "_keep", "_keep_bytes", "_recent", "_weak")
 
-    def __init__(self, *, keep: int = DEFAULT_KEEP) -> None:
+    def __init__(self, *, keep: int = DEFAULT_KEEP, keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
         self._weak: weakref.WeakValueDictionary[EntityId, Entity] = weakref.WeakValueDictionary()
-        self._recent: OrderedDict[EntityId, Entity] = OrderedDict()
+        self._recent: OrderedDict[EntityId, tuple[Entity, int]] = OrderedDict()
         self._keep = keep
+        self._keep_bytes = keep_bytes
+        self._bytes = 0
+
+    @property
+    def kept_bytes(self) -> int:
+        """The estimated bytes of the entities kept strongly now."""
+        return self._bytes
 
     def get(self, entity_id: EntityId) -> Entity | None:
         """The resident entity, if one is in memory."""
         entity = self._weak.get(entity_id)
         if entity is not None:
-            self._touch(entity)
+            kept = self._recent.get(entity_id)
+            if kept is not None and kept[0] is entity:
+                self._recent.move_to_end(entity_id)
+            else:
+                self._keep_strongly(entity)
         return entity
 
     def put(self, entity: Entity) -> Entity:
-        """Make ``entity`` the resident for its id (replacing any other)."""
+        """Make ``entity`` the resident for its id (replacing any other; its size is
+        estimated again, as it may have changed)."""
         self._weak[entity.entity_id] = entity
-        self._touch(entity)
+        self._keep_strongly(entity)
         return entity
 
     def evict(self, entity_id: EntityId) -> None:
         """Forget the resident (the next reader reloads it from storage)."""
         self._weak.pop(entity_id, None)
-        self._recent.pop(entity_id, None)
+        self._drop(entity_id)
 
     def clear(self) -> None:
         """Forget every resident."""
         self._weak.clear()
         self._recent.clear()
+        self._bytes = 0
 
-    def _touch(self, entity: Entity) -> None:
+    def _keep_strongly(self, entity: Entity) -> None:
+        self._drop(entity.entity_id)
+        size = resident_size(entity)
         recent = self._recent
-        recent[entity.entity_id] = entity
-        recent.move_to_end(entity.entity_id)
-        while len(recent) > self._keep:
-            recent.popitem(last=False)
+        recent[entity.entity_id] = (entity, size)
+        self._bytes += size
+        while len(recent) > 1 and (len(recent) > self._keep or self._bytes > self._keep_bytes):
+            _, (_, dropped) = recent.popitem(last=False)
+            self._bytes -= dropped
+
+    def _drop(self, entity_id: EntityId) -> None:
+        kept = self._recent.pop(entity_id, None)
+        if kept is not None:
+            self._bytes -= kept[1]
 
     def __len__(self) -> int:
         return len(self._weak)
+
+
+def resident_size(entity: Entity) -> int:
+    """An estimate of the memory ``entity`` holds: its values (decoded, and again as their
+    encoded form and backend state), plus a fixed overhead."""
+    return _OVERHEAD + 3 * sum(_value_size(v) for v in entity.snapshot().values.values())
+
+
+def _value_size(value: object, depth: int = 0) -> int:
+    if isinstance(value, str | bytes):
+        return 48 + len(value)
+    if depth < 8 and isinstance(value, list | tuple):
+        return 56 + sum(_value_size(v, depth + 1) for v in value)
+    if depth < 8 and isinstance(value, dict):
+        return 64 + sum(
+            _value_size(k, depth + 1) + _value_size(v, depth + 1) for k, v in value.items()
+        )
+    return 32

@@ -33,7 +33,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
-from mycelia import errors
 from mycelia.entity import Applier, Entity, EventCheck, ForkBase
 from mycelia.errors import (
     CommitReverted,
@@ -48,7 +47,9 @@ from mycelia.errors import (
     RemoteError,
     RequestTimeout,
     SystemError_,
+    error_class,
 )
+from mycelia.node.budget import Pool
 from mycelia.node.outbox import Outbox, Owed
 from mycelia.node.ports import Commit, MakeRequest, Session
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, Event, EventId, Limits
@@ -69,6 +70,9 @@ log = logging.getLogger(__name__)
 
 WINDOW: Final = 128
 """Most commits in flight to the durable peer at once."""
+FLIGHT_BYTES: Final = 16 * 1024 * 1024
+"""Most bytes of events in flight to the durable peer at once (what the peer reads of one
+connection before it stops reading: ``mycelia.node.budget.INCOMING_BYTES``)."""
 REJECTIONS_KEPT: Final = 1024
 """Rejection records a slow reader of ``rejections()`` may fall behind by (then dropped)."""
 FRAME_MARGIN: Final = 64 * 1024
@@ -84,14 +88,17 @@ loses the user's work, pushing again costs nothing, so only what is certain reve
 
 
 def _refusal(exc: RemoteError) -> MyceliaError | None:
-    """The refusal ``exc`` names, or None if it only says "not now" (see REFUSALS)."""
-    kind = getattr(errors, exc.kind, None)
-    if not (isinstance(kind, type) and issubclass(kind, REFUSALS)):
-        return None
-    if issubclass(kind, PendingLimit):
-        return None  # the peer is busy holding events for others
+    """The refusal ``exc`` names, or None if it only says "not now" (see REFUSALS).
+
+    A peer's error arrives by its stable code as an instance of the class the code names
+    (:func:`mycelia.errors.remote`); a code this node does not know is read as its nearest
+    known ancestor, so a new kind of decode error still refuses, and an unknown family
+    (the root code) says "not now".
+    """
+    if not isinstance(exc, REFUSALS) or isinstance(exc, PendingLimit):
+        return None  # (PendingLimit: the peer is busy holding events for others)
     try:
-        return kind(f"the durable peer refused: {exc}")
+        return error_class(exc.code)(f"the durable peer refused: {exc}")
     except TypeError:
         return exc
 
@@ -237,18 +244,27 @@ class _Gate:
 
 
 class _Flight:
-    """The commits in flight on one session, oldest first, at most WINDOW of them."""
+    """The commits in flight on one session, oldest first: at most WINDOW of them and
+    :data:`FLIGHT_BYTES` of their events (one larger commit goes alone)."""
 
     def __init__(self) -> None:
         self._items: deque[tuple[_Pending, asyncio.Future[Message]]] = deque()
+        self._sizes: deque[int] = deque()
         self._room = asyncio.Semaphore(WINDOW)
+        self._bytes = Pool(FLIGHT_BYTES)
         self._arrived = asyncio.Event()
 
-    async def slot(self) -> None:
+    async def slot(self, size: int) -> None:
         await self._room.acquire()
+        try:
+            await self._bytes.take(size)
+        except BaseException:
+            self._room.release()
+            raise
 
-    def add(self, pending: _Pending, future: asyncio.Future[Message]) -> None:
+    def add(self, pending: _Pending, future: asyncio.Future[Message], size: int) -> None:
         self._items.append((pending, future))
+        self._sizes.append(size)
         self._arrived.set()
 
     async def oldest(self) -> tuple[_Pending, asyncio.Future[Message]]:
@@ -259,8 +275,14 @@ class _Flight:
 
     def pop(self) -> tuple[_Pending, asyncio.Future[Message]]:
         item = self._items.popleft()
+        self._bytes.give(self._sizes.popleft())
         self._room.release()
         return item
+
+    def release(self, size: int) -> None:
+        """Give back a slot taken for a commit that was not sent after all."""
+        self._bytes.give(size)
+        self._room.release()
 
     def __bool__(self) -> bool:
         return bool(self._items)
@@ -404,9 +426,15 @@ class CommitPipeline:
 
     async def _send(self, session: Session, flight: _Flight) -> None:
         while True:
-            await flight.slot()
             pending = await self._next_unsent()
-            flight.add(pending, session.submit(_commit_request(pending.owed)))
+            size = sum(len(e.event.to_bytes()) for e in pending.owed.events)
+            await flight.slot(size)
+            if self._paused or pending.owed.seq not in self._owed:
+                flight.release(size)  # a revert began while we waited: it decides first
+                if pending.owed.seq in self._owed:
+                    self._queue.appendleft(pending)
+                continue
+            flight.add(pending, session.submit(_commit_request(pending.owed)), size)
 
     async def _next_unsent(self) -> _Pending:
         """The oldest owed commit not sent in this session (waits while paused or none)."""

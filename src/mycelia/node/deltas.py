@@ -1,4 +1,5 @@
-"""What to send a peer about one entity, given the head it already has.
+"""What to send a peer about one entity, given the head it already has; and the rows of
+a peer's query, within the query cost budget.
 
 For each entity the responder answers a known head with nothing (same head), a bridge of
 the missing events (when the entity strictly descends from the known head), or a state
@@ -6,27 +7,60 @@ snapshot — whichever is smaller (ARCHITECTURE.md §7). A bridge always carries
 between the known head and the current one, parents first, so the receiver can apply it
 without asking for more. A snapshot that strictly descends from the known head names it as
 its ``base``, so a trusting receiver that still holds that head skips the walk between the
-two (which would cost it the very events the snapshot saved sending).
+two (which would cost it the very events the snapshot saved sending). A bridge is sent
+only while it has at most ``max_batch_events`` events (more could not be decoded in one
+delta): past that, the snapshot.
+
+The query cost budget (ARCHITECTURE.md §8): a peer's query costs its predicate's tests
+(:func:`~mycelia.proto.query.syntax.cost`) per row it is evaluated on. More than
+:data:`MAX_QUERY_TERMS` tests is refused at once; a query of more than
+:data:`LIGHT_TERMS` is *heavy*: it runs one at a time per connection (its ``lane``), on the
+rows its light conjuncts select (through the engine's index), and is refused before any
+evaluation when that would cost more than :data:`MAX_QUERY_WORK` tests; its evaluation
+yields to the event loop every :data:`SLICE_SECONDS`, so handshakes and cheap requests
+are never held up behind it (:func:`served_rows`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection
 from dataclasses import replace
+from typing import Final
 
 from mycelia.entity import DELETED
-from mycelia.errors import EventNotFound
+from mycelia.errors import EventNotFound, QueryTooExpensive
 from mycelia.event_dag import StrictDescends, compare
 from mycelia.proto import Clock, EntityState, Event, EventId
+from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.peering import Delta
 from mycelia.proto.query import MATCH_ALL, And, IsNull, Query, sort_rows
+from mycelia.proto.query.compile import compile_predicate
+from mycelia.proto.query.syntax import Predicate, cost
 from mycelia.retrieval import LocalGetter, StagingMap, StoredState
 from mycelia.storage import StorageEngine
 
-__all__ = ["delta_for", "live_only", "query_rows"]
+__all__ = [
+    "LIGHT_TERMS",
+    "MAX_QUERY_TERMS",
+    "MAX_QUERY_WORK",
+    "check_cost",
+    "delta_for",
+    "live_only",
+    "query_rows",
+    "served_rows",
+]
 
 BRIDGE_BUDGET = 100_000
 """Most events a bridge walk may read before it falls back to a snapshot."""
+MAX_QUERY_TERMS: Final = 256
+"""Most tests a peer's query predicate may hold."""
+LIGHT_TERMS: Final = 16
+"""Queries of at most this many tests run as the engine runs them; more are heavy."""
+MAX_QUERY_WORK: Final = 2_000_000
+"""Most tests (rows × tests per row) one heavy query may evaluate."""
+SLICE_SECONDS: Final = 0.002
+"""How long a heavy query evaluates before it yields to the event loop."""
 
 
 async def delta_for(
@@ -47,9 +81,9 @@ async def delta_for(
         return Delta(state.entity_id, state.collection, matches, state, ())
     base = Clock(known)
     bridge = await _bridge(storage, head, base)
-    if bridge is None:
+    if bridge is None or len(bridge) > MAX_BATCH_EVENTS:
         return Delta(state.entity_id, state.collection, matches, state, ())
-    room = len(state.to_bytes())
+    room = state.wire_size()
     for event in bridge:
         room -= len(event.to_bytes())
         if room <= 0:
@@ -92,3 +126,73 @@ def live_only(query: Query) -> Query:
     predicate = query.predicate
     combined = alive if predicate == MATCH_ALL.predicate else And((predicate, alive))
     return replace(query, predicate=combined)
+
+
+def check_cost(query: Query) -> None:
+    """Refuse a peer's query with more than :data:`MAX_QUERY_TERMS` tests.
+
+    Raises:
+        QueryTooExpensive: it has more.
+    """
+    terms = cost(query.predicate)
+    if terms > MAX_QUERY_TERMS:
+        raise QueryTooExpensive(
+            f"the query holds {terms} tests; a peer's query may hold at most {MAX_QUERY_TERMS}"
+        )
+
+
+async def served_rows(
+    storage: StorageEngine, collection: str, query: Query, *, lane: asyncio.Lock
+) -> list[StoredState]:
+    """The rows of a peer's bound query, as :func:`query_rows` gives them, within the
+    query cost budget (see the module docstring; ``lane`` is the connection's).
+
+    Raises:
+        QueryTooExpensive: too many tests, or too much work.
+    """
+    check_cost(query)
+    if cost(query.predicate) <= LIGHT_TERMS:
+        return await query_rows(storage, collection, query)
+    async with lane:
+        return await _heavy_rows(storage, collection, query)
+
+
+async def _heavy_rows(storage: StorageEngine, collection: str, query: Query) -> list[StoredState]:
+    light, heavy = _split(query.predicate)
+    candidates = await query_rows(storage, collection, Query(light))
+    work = len(candidates) * cost(heavy)
+    if work > MAX_QUERY_WORK:
+        raise QueryTooExpensive(
+            f"the query would evaluate {work} tests over {len(candidates)} rows; a query may "
+            f"evaluate at most {MAX_QUERY_WORK}: add an indexed condition (AND field = ...)"
+        )
+    matches = compile_predicate(heavy)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SLICE_SECONDS
+    kept: dict[bytes, StoredState] = {}
+    for i, row in enumerate(candidates):
+        if matches(row.values):
+            kept[row.state.entity_id] = row
+        if i % 32 == 31 and loop.time() > deadline:
+            await asyncio.sleep(0)  # let the loop serve others (handshakes first of all)
+            deadline = loop.time() + SLICE_SECONDS
+    ordered = sort_rows(
+        [(s.state.entity_id, s.values) for s in kept.values()],
+        replace(query, predicate=MATCH_ALL.predicate),
+    )
+    return [kept[entity_id] for entity_id, _ in ordered]
+
+
+def _split(predicate: Predicate) -> tuple[Predicate, Predicate]:
+    """``(light, heavy)``: the conjuncts cheap enough for the engine (its index may use
+    them), and the rest; ``light AND heavy`` is ``predicate``."""
+    items = predicate.items if isinstance(predicate, And) else (predicate,)
+    light = [item for item in items if cost(item) <= LIGHT_TERMS]
+    heavy = [item for item in items if cost(item) > LIGHT_TERMS]
+    return _conjunction(light), _conjunction(heavy)
+
+
+def _conjunction(items: list[Predicate]) -> Predicate:
+    if not items:
+        return MATCH_ALL.predicate
+    return items[0] if len(items) == 1 else And(tuple(items))

@@ -35,6 +35,7 @@ from mycelia.errors import (
     LocalProtocolError,
     NodeClosed,
 )
+from mycelia.node.budget import DEFAULT_BOUNDS, Bounds
 from mycelia.node.client import Connection, ConnectionState, Dialer
 from mycelia.node.commits import CommitPipeline, LocalCommits, Rejection
 from mycelia.node.context import Context, ContextParts
@@ -127,6 +128,7 @@ class Node:
             remote=None if durable else self._link.get_events,
             on_change=self._notify,
             pending=PendingPool(),
+            max_entity_bytes=limits.max_entity_bytes,
         )
         self._reactor = Reactor()
         self._responder = Responder(
@@ -475,6 +477,7 @@ class Node:
         request_timeout: float,
         handshake_timeout: float,
         outgoing_frames: int,
+        bounds: Bounds = DEFAULT_BOUNDS,
     ) -> PeerConnection:
         """A connection for a peer that dialed in over ``transport`` (``serve`` calls this;
         drive it with ``await peer.run()``)."""
@@ -488,6 +491,7 @@ class Node:
             request_timeout=request_timeout,
             handshake_timeout=handshake_timeout,
             outgoing_frames=outgoing_frames,
+            bounds=bounds,
         )
 
     async def close(self) -> None:

@@ -1,11 +1,20 @@
 """The peer driver: one :class:`PeerSession` over one :class:`Transport`, for one node.
 
-It owns the connection's tasks and bounds: a bounded outgoing queue (a peer that does not
-read is disconnected rather than growing memory), a cap on requests in flight from the
-peer (the reader stops reading while it is reached), a timeout on every request we wait
-for (answered or failed with a typed error, never left hanging) and on the handshake (a
-silent peer is closed). Everything the peer sends is validated by the session and the
-applier before anything is staged.
+It owns the connection's tasks and bounds, all counted in bytes (:mod:`mycelia.node.budget`):
+the outgoing queue (a peer that does not read is cut off rather than growing memory; an
+answer waits for room, and for the node's answer pool, before it is even encoded), the
+requests in flight from the peer (the reader stops reading at the bound), a timeout on
+every request we wait for (answered or failed with a typed error, never left hanging) and
+on the handshake (a silent peer is closed). Before the handshake completes a frame may be
+at most ``limits.max_handshake_bytes`` (the transport is told to refuse bigger ones when
+it can; the session checks anyway). Everything the peer sends is validated by the session
+and the applier before anything is staged.
+
+Errors travel as codes both ways: a request that fails here, or that could not even be
+decoded, is answered with an :class:`~mycelia.proto.peering.ErrorResponse` and the
+connection goes on; a peer's error response is raised as :func:`mycelia.errors.remote`
+(the typed error, also a RemoteError). A paged answer's pages are joined with its final
+response before the requester sees it (at most :data:`MAX_ANSWER_BYTES`).
 
 Requests from the peer go to the node's :class:`~mycelia.node.ports.Answers` (the
 responder): each is answered as it comes, except commits, which one worker per
@@ -20,38 +29,46 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from mycelia.errors import (
     ConnectionClosed,
     MyceliaError,
+    NotConnected,
+    Overloaded,
+    PayloadTooLarge,
     PolicyDenied,
     PresenceRejected,
     ProtocolError,
-    RemoteError,
     RemoteProtocolError,
     RequestTimeout,
+    remote,
 )
+from mycelia.node.budget import DEFAULT_BOUNDS, Bounds, InFlight, Outgoing, Pool
 from mycelia.node.identity import NodeKey
 from mycelia.node.policy import Credentials, PeerInfo
 from mycelia.node.ports import Answers, Gate, MakeRequest
-from mycelia.node.session import PeerSession, Received, SessionState, Verified
-from mycelia.node.transport import Transport
+from mycelia.node.session import Faulty, PeerSession, Received, SessionState, Verified
+from mycelia.node.transport import Transport, allow_frames
 from mycelia.proto import EntityId, Limits, NodeId
 from mycelia.proto.messages import PROTOCOL_VERSION, Message, encode_frame
 from mycelia.proto.peering import (
     CHALLENGE_LENGTH,
+    PAGES,
     REQUESTS,
     CommitRequest,
     ErrorResponse,
     Presence,
+    SubscriptionEnded,
     SubscriptionUpdate,
     expect_response,
+    joined,
 )
 from mycelia.proto.peering import PresenceRejected as PresenceRejectedMessage
 
-__all__ = ["DEFAULT_REQUEST_TIMEOUT", "Identity", "PeerConnection"]
+__all__ = ["DEFAULT_REQUEST_TIMEOUT", "MAX_ANSWER_BYTES", "Identity", "PeerConnection"]
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +77,14 @@ M = TypeVar("M", bound=Message)
 DEFAULT_REQUEST_TIMEOUT: Final = 30.0
 HANDSHAKE_TIMEOUT: Final = 10.0
 OUTGOING_FRAMES: Final = 4096
-REQUESTS_IN_FLIGHT: Final = 64
+"""Frames queued for one peer (besides their bytes) before it counts as too slow."""
+MAX_ANSWER_BYTES: Final = 256 * 1024 * 1024
+"""Bytes of pages this side holds for one answer before it refuses the peer's answer."""
+PAGE_TYPES: Final = tuple(PAGES.values())
+_RESERVED: Final[ContextVar[list[int] | None]] = ContextVar("mycelia_reserved", default=None)
+"""In an answering task: the room reserved for its answer's first frame (see _answer)."""
 
-UpdateHandler = Callable[[SubscriptionUpdate], Coroutine[object, object, None]]
+UpdateHandler = Callable[[SubscriptionUpdate | SubscriptionEnded], Coroutine[object, object, None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +97,8 @@ class Identity:
     system_root: Callable[[], EntityId | None]
     entropy: Callable[[int], bytes]
     """The node's entropy (handshake challenges)."""
+    answers: Pool = field(default_factory=Pool)
+    """The node's answer pool, shared by its connections (:mod:`mycelia.node.budget`)."""
 
 
 class PeerConnection:
@@ -93,6 +117,7 @@ class PeerConnection:
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         outgoing_frames: int = OUTGOING_FRAMES,
+        bounds: Bounds = DEFAULT_BOUNDS,
     ) -> None:
         self.transport = transport
         self.dialed = dialed
@@ -106,14 +131,18 @@ class PeerConnection:
             limits=me.limits,
             token=token,
             challenge=me.entropy(CHALLENGE_LENGTH),
+            dialer=dialed,
         )
         self._on_update = on_update
         self.request_timeout = request_timeout
         self._handshake_timeout = handshake_timeout
+        self._bounds = bounds
         self._pending: dict[int, asyncio.Future[Message]] = {}
-        self._outgoing: asyncio.Queue[bytes | None] = asyncio.Queue(outgoing_frames)
-        self._slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
-        self._commits: list[CommitRequest] = []
+        self._pages: dict[int, tuple[list[Message], int]] = {}
+        """Pages received for a pending request, and their bytes."""
+        self._outgoing = Outgoing(bounds.outgoing_bytes, me.answers, max_frames=outgoing_frames)
+        self._in_flight = InFlight(count=bounds.requests_in_flight, size=bounds.incoming_bytes)
+        self._commits: list[tuple[CommitRequest, int]] = []
         self._commits_waiting = asyncio.Event()
         self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: cancelled in start order
         self._answering: set[asyncio.Task[None]] = set()
@@ -139,6 +168,12 @@ class PeerConnection:
     def peer_id(self) -> NodeId | None:
         """The peer's node id, once known."""
         return self.session.peer_id
+
+    @property
+    def page_bytes(self) -> int:
+        """How much one page of an answer to this peer aims to carry."""
+        frame = self._me.limits.max_frame_bytes
+        return max(1, min(self._bounds.page_bytes, self._me.limits.max_entity_bytes, frame))
 
     @property
     def ready(self) -> bool:
@@ -167,10 +202,12 @@ class PeerConnection:
         writer = asyncio.create_task(self._write_loop())
         committer = asyncio.create_task(self._commit_loop())
         try:
+            allow_frames(self.transport, self._me.limits.max_handshake_bytes)
             for frame in self.session.start():
                 self._enqueue(frame)
             async with asyncio.timeout(self._handshake_timeout):
                 await self._read_until_ready()
+            allow_frames(self.transport, self._me.limits.max_frame_bytes)
             await self._read_loop()
         except (MyceliaError, TimeoutError) as exc:
             if self.error is None:  # a slow-consumer verdict is the real reason: keep it
@@ -194,13 +231,13 @@ class PeerConnection:
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         if not self.ready:
             future.add_done_callback(_seen)
-            future.set_exception(ConnectionClosed("the connection is not ready"))
+            future.set_exception(NotConnected("the connection is not ready"))
             return future
         rid = self.session.next_request_id()
         self._pending[rid] = future
         future.add_done_callback(_seen)
-        future.add_done_callback(lambda _: self._pending.pop(rid, None))
-        self._enqueue(encode_frame(make(rid)))
+        future.add_done_callback(lambda _: self._forget_request(rid))
+        self._outgoing.force(encode_frame(make(rid)))  # our own request: its caller bounds it
         return future
 
     async def request(
@@ -209,9 +246,11 @@ class PeerConnection:
         """Send ``make(request_id)`` and return its response, an ``expect``.
 
         Raises:
-            RemoteError: the peer answered with an error (``kind`` names it).
+            RemoteError: the peer answered with an error (an instance of the class its
+                code names too, see :func:`mycelia.errors.remote`).
             RemoteProtocolError: it answered with something other than an ``expect``.
             RequestTimeout: no answer within the timeout.
+            NotConnected: the connection was not ready: nothing was sent.
             ConnectionClosed: the connection closed first.
         """
         future = self.submit(make)
@@ -225,9 +264,55 @@ class PeerConnection:
         return expect_response(response, expect)
 
     def push(self, msg: Message) -> None:
-        """Send ``msg`` without waiting (updates); a peer too slow to take it is dropped."""
+        """Send ``msg`` without waiting (updates, small answers); a peer whose outgoing
+        budget cannot take it is cut off as a slow consumer."""
         if not self._closed.is_set():
             self._enqueue(encode_frame(msg))
+
+    async def send(self, msg: Message, *, size: int) -> None:
+        """Send ``msg`` (at most ``size`` bytes encoded), waiting for room in this peer's
+        outgoing budget and the node's answer pool before encoding it (an answer's first
+        frame uses the room its request reserved). A peer that lets it wait the stall
+        timeout with nothing written to it meanwhile is cut off as a slow consumer (then
+        this raises ConnectionClosed)."""
+        if self._gone():
+            raise ConnectionClosed("the connection closed")
+        put = self._outgoing.put(size, lambda: encode_frame(msg), slot=_RESERVED.get())
+        await self._wait_room(put)
+
+    async def _wait_room(self, waiting: Coroutine[object, object, None]) -> None:
+        """Run ``waiting`` (it waits for room in the budgets); cut the peer off if it
+        waits the stall timeout with frames queued for it and none written meanwhile."""
+        task = asyncio.ensure_future(waiting)
+        try:
+            while True:
+                written = self._outgoing.written_frames
+                await asyncio.wait({task}, timeout=self._bounds.stall_timeout)
+                if task.done():
+                    task.result()
+                    return
+                if self._gone():
+                    raise ConnectionClosed("the connection closed")
+                if self._outgoing.stuck(written):
+                    self.cut_off(f"nothing was written for {self._bounds.stall_timeout:g} s")
+                    raise ConnectionClosed("slow consumer: cut off")
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})  # its room is given back (or taken over) first
+
+    def _gone(self) -> bool:
+        """Whether the connection closed or is being cut off."""
+        return self._closed.is_set() or self._overflowed
+
+    def check_credentials(self) -> None:
+        """Raise PolicyDenied (or PresenceRejected) if what the peer proved at the
+        handshake no longer admits it (an expired token, say)."""
+        peer = self.session.peer
+        if peer is None:
+            raise ConnectionClosed("the peer never completed the handshake")
+        info = PeerInfo(peer.node_id, peer.durable, self.dialed)
+        self._gate.admit(info, self.credentials, peer.system_root)
 
     async def drain(self, timeout: float) -> None:
         """Refuse new requests and wait (up to ``timeout``) for those being answered."""
@@ -253,21 +338,29 @@ class PeerConnection:
     def _enqueue(self, frame: bytes) -> None:
         if self._overflowed:
             return  # already being disconnected: drop, do not queue without bound
-        try:
-            self._outgoing.put_nowait(frame)
-        except asyncio.QueueFull:
-            log.warning("peer %s is not reading: disconnecting it", self.remote)
-            self._overflowed = True
-            self.error = ConnectionClosed("slow consumer: outgoing queue full")
-            while not self._outgoing.empty():  # free the memory now; stop the writer
-                self._outgoing.get_nowait()
-            self._outgoing.put_nowait(None)
-            self.spawn(self.transport.close())
+        if not self._outgoing.offer(frame):
+            self.cut_off(
+                f"{self._outgoing.queued_bytes} bytes queued, the budget is "
+                f"{self._bounds.outgoing_bytes}"
+            )
+
+    def cut_off(self, why: str) -> None:
+        """Disconnect a peer that does not read what it is sent (memory stays bounded)."""
+        if self._overflowed:
+            return
+        log.warning("peer %s is not reading: disconnecting it (%s)", self.remote, why)
+        self._overflowed = True
+        self.error = Overloaded(f"slow consumer: {why}")
+        self._outgoing.close(drop=True)  # free the memory now; stop the writer
+        self.spawn(self.transport.close())
 
     async def _write_loop(self) -> None:
         with contextlib.suppress(ConnectionClosed, ProtocolError, OSError):
-            while (frame := await self._outgoing.get()) is not None:
-                await self.transport.send(frame)
+            while (item := await self._outgoing.get()) is not None:
+                try:
+                    await self.transport.send(item[0])
+                finally:
+                    self._outgoing.written(item)
 
     async def _read_until_ready(self) -> None:
         while self.session.state is not SessionState.READY:
@@ -275,30 +368,24 @@ class PeerConnection:
 
     async def _read_loop(self) -> None:
         while True:
-            await self._slots.acquire()  # backpressure: stop reading at the cap
-            try:
-                answered_later = await self._receive_one()
-            except BaseException:
-                self._slots.release()
-                raise
-            if not answered_later:
-                self._slots.release()
+            await self._in_flight.wait_room()  # backpressure: stop reading at the bounds
+            await self._receive_one()
 
-    async def _receive_one(self) -> bool:
-        """Read one frame; True if it is a request that will release its slot when answered."""
+    async def _receive_one(self) -> None:
+        """Read one frame and act on it (a request is counted in flight until answered)."""
         frame = await self.transport.recv()
         try:
             events = self.session.receive(frame)
         finally:
             for out in self.session.take_outgoing():
                 self._enqueue(out)
-        later = False
         for event in events:
             if isinstance(event, Verified):
                 self._verified(event)
+            elif isinstance(event, Faulty):
+                self.push(ErrorResponse.of(event.request_id, event.error))
             else:
-                later = self._received(event) or later
-        return later
+                self._received(event, len(frame))
 
     def _verified(self, event: Verified) -> None:
         presence = event.presence
@@ -322,50 +409,82 @@ class PeerConnection:
             "durable" if self.peer_durable else "ephemeral",
         )
 
-    def _received(self, event: Received) -> bool:
+    def _received(self, event: Received, size: int) -> None:
         msg = event.message
-        if isinstance(msg, SubscriptionUpdate):
+        if isinstance(msg, SubscriptionUpdate | SubscriptionEnded):
             if self._on_update is None:
                 raise RemoteProtocolError("this node holds no subscription with the peer")
             self.spawn(self._on_update(msg))
-            return False
+            return
         if isinstance(msg, REQUESTS):
-            if self._draining:
-                rid = int(getattr(msg, "request_id", 0))  # every request carries one
-                self.push(ErrorResponse(rid, "ConnectionClosed", "the node is shutting down"))
-                return False
-            if isinstance(msg, CommitRequest):
-                self._commits.append(msg)
-                self._commits_waiting.set()
-                return True
-            task = asyncio.ensure_future(self._answer(msg))
-            self._own(task)
-            self._answering.add(task)
-            task.add_done_callback(self._answering.discard)
-            return True
+            self._request(msg, size)
+            return
         answered = getattr(msg, "request_id", None)
         future = self._pending.get(answered) if isinstance(answered, int) else None
-        if future is not None and not future.done():
-            if isinstance(msg, ErrorResponse):
-                future.set_exception(RemoteError(f"{msg.kind}: {msg.text}", kind=msg.kind))
-            else:
-                future.set_result(msg)
-        else:
+        if future is None or future.done():
             log.debug("dropping a response to an unknown request %s", answered)
-        return False
+        elif isinstance(msg, PAGE_TYPES):
+            self._page(answered, msg, size)  # type: ignore[arg-type]
+        elif isinstance(msg, ErrorResponse):
+            future.set_exception(remote(msg.code, msg.text))
+        else:
+            pages, _ = self._pages.pop(answered, ([], 0))  # type: ignore[arg-type]
+            future.set_result(joined(pages, msg))
 
-    async def _answer(self, msg: Message) -> None:
+    def _request(self, msg: Message, size: int) -> None:
+        rid = int(getattr(msg, "request_id", 0))  # every request carries one
+        if self._draining:
+            self.push(ErrorResponse.of(rid, ConnectionClosed("the node is shutting down")))
+            return
+        self._in_flight.add(size)
+        if isinstance(msg, CommitRequest):
+            self._commits.append((msg, size))
+            self._commits_waiting.set()
+            return
+        task = asyncio.ensure_future(self._answer(msg, size))
+        self._own(task)
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    def _page(self, request_id: int, page: Message, size: int) -> None:
+        pages, held = self._pages.get(request_id, ([], 0))
+        if held + size > MAX_ANSWER_BYTES:
+            raise PayloadTooLarge(f"the peer's answer is over {MAX_ANSWER_BYTES} bytes")
+        pages.append(page)
+        self._pages[request_id] = (pages, held + size)
+
+    def _forget_request(self, request_id: int) -> None:
+        self._pending.pop(request_id, None)
+        self._pages.pop(request_id, None)
+
+    async def _answer(self, msg: Message, size: int) -> None:
+        """Answer one request: room for its first page is reserved before anything is
+        built (so a peer cannot have many large answers built and held at once)."""
         rid = getattr(msg, "request_id", 0)
+        slot = [0]
+        token = _RESERVED.set(slot)
         try:
-            response = await self._answers.handle(self, msg)
-        except MyceliaError as exc:
-            response = ErrorResponse(rid, type(exc).__name__, str(exc)[:4000])
-        except Exception as exc:  # a bug must not leave the peer hanging
-            log.exception("request %s from %s failed", rid, self.remote)
-            response = ErrorResponse(rid, "InternalError", type(exc).__name__)
+            await self._wait_room(self._reserve(slot))
+            try:
+                response = await self._answers.handle(self, msg)
+            except MyceliaError as exc:
+                response = ErrorResponse.of(rid, exc)
+            except Exception as exc:  # a bug must not leave the peer hanging
+                log.exception("request %s from %s failed", rid, self.remote)
+                error = MyceliaError(f"internal error: {type(exc).__name__}")
+                response = ErrorResponse.of(rid, error)
+            await self.send(response, size=_size(response))
+        except ConnectionClosed:
+            pass  # the peer is gone, or was cut off: nobody is waiting
         finally:
-            self._slots.release()
-        self.push(response)
+            _RESERVED.reset(token)
+            if slot[0]:
+                self._outgoing.unreserve(slot[0])
+            self._in_flight.done(size)
+
+    async def _reserve(self, slot: list[int]) -> None:
+        await self._outgoing.reserve(self.page_bytes)
+        slot[0] = self.page_bytes  # in the same step as the reserve's end: nothing leaks
 
     async def _commit_loop(self) -> None:
         """Apply the peer's commits in arrival order, everything waiting at once."""
@@ -382,37 +501,49 @@ class PeerConnection:
             finally:
                 self._answering.discard(task)
 
-    async def _commit(self, batch: list[CommitRequest]) -> None:
+    async def _commit(self, batch: list[tuple[CommitRequest, int]]) -> None:
+        requests = [request for request, _ in batch]
         try:
-            responses = await self._answers.commit(self, batch)
+            responses = await self._answers.commit(self, requests)
         except Exception as exc:  # a bug must not leave the peer hanging
             log.exception("%d commits from %s failed", len(batch), self.remote)
-            responses = [
-                ErrorResponse(m.request_id, "InternalError", type(exc).__name__) for m in batch
-            ]
-        for response in responses:
-            self._slots.release()
+            error = MyceliaError(f"internal error: {type(exc).__name__}")
+            responses = [ErrorResponse.of(m.request_id, error) for m in requests]
+        for response, (_, size) in zip(responses, batch, strict=True):
+            self._in_flight.done(size)
             self.push(response)
 
     async def _shutdown(self, writer: asyncio.Task[None]) -> None:
         self.session.close()
         self._closed.set()
+        ended = self.error if isinstance(self.error, ConnectionClosed) else None
         for future in list(self._pending.values()):
             if not future.done():
-                future.set_exception(ConnectionClosed("the connection closed"))
-        with contextlib.suppress(asyncio.QueueFull):
-            self._outgoing.put_nowait(None)
+                future.set_exception(ended or ConnectionClosed("the connection closed"))
+        self._pages.clear()
+        self._outgoing.close(drop=False)
         try:
             async with asyncio.timeout(1.0):
                 await writer  # flush what is queued (a rejection, a last answer)
         except TimeoutError:
             writer.cancel()
+        self._outgoing.close(drop=True)
         await self.transport.close()
         for task in list(self._tasks):
             task.cancel()
         self._answers.forget(self)
         if self.peer is not None and self._ready.is_set():
             log.info("peer %s disconnected (%s)", self.peer.node_id, self.error or "closed")
+
+
+def _size(msg: Message) -> int:
+    """An upper bound of ``msg``'s encoded size (its deltas' or events' bytes, plus room)."""
+    size = 1024
+    for delta in getattr(msg, "deltas", ()):
+        size += delta.wire_size()
+    for event in getattr(msg, "events", ()):
+        size += len(event.to_bytes()) + 16
+    return size + len(getattr(msg, "text", "")) * 4
 
 
 def _seen(future: asyncio.Future[Message]) -> None:

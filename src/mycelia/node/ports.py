@@ -67,8 +67,26 @@ class Peer(Protocol):
         """Who the peer is, for logs."""
         ...
 
+    @property
+    def page_bytes(self) -> int:
+        """How much one page of a paged answer to this peer aims to carry."""
+        ...
+
     def push(self, msg: Message) -> None:
-        """Send ``msg`` without waiting (a peer too slow to take it is dropped)."""
+        """Send ``msg`` without waiting (a peer too slow to take it is cut off)."""
+        ...
+
+    async def send(self, msg: Message, *, size: int) -> None:
+        """Send ``msg`` (at most ``size`` bytes encoded) once there is room for it; raises
+        ConnectionClosed if the peer is gone or was cut off for not reading."""
+        ...
+
+    def check_credentials(self) -> None:
+        """Raise PolicyDenied if the peer's credentials no longer admit it (expired)."""
+        ...
+
+    def cut_off(self, why: str) -> None:
+        """Disconnect a peer that does not keep up (Overloaded, memory stays bounded)."""
         ...
 
     def spawn(self, coro: Coroutine[object, object, None]) -> None:

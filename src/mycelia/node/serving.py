@@ -1,9 +1,17 @@
 """The responder: how a node answers its peers' requests and feeds their subscriptions.
 
 Every answer passes the policy agent first (ARCHITECTURE.md §9): reads are filtered by
-``can_read`` for the connection's credentials (unreadable entities are simply absent),
+``can_read`` for the connection's credentials (unreadable entities are simply absent, and
+an entity the requester names as held but may not read, or that is in another
+collection, is answered exactly like one that does not exist: no existence oracle),
 commits are checked event by event before anything is durable, and ``_mycelia_``
 collections refuse every client write. A remote commit is all-or-nothing.
+
+Answers are paged (ARCHITECTURE.md §7): a Get, Fetch, Subscribe or GetEvents answer is
+cut into pages of about the peer's ``page_bytes`` (an entity's snapshot always fits one
+page: an entity is never let grow past ``limits.max_entity_bytes``), each sent once the
+peer's outgoing budget has room for it, the last as the response itself. Queries run
+within the cost budget (:func:`mycelia.node.deltas.served_rows`).
 
 Commits: a connection's commits arrive here in order, several at once when the peer
 pipelines them (:meth:`Responder.commit`). Each is admitted and checked on its own, in
@@ -14,38 +22,55 @@ is refused too: its parent is unknown).
 
 Subscriptions: a peer's standing query lives here with the heads this node believes the
 peer holds. After every local commit the changes go, in order, through one worker per
-peer, which pushes a :class:`SubscriptionUpdate` with, per entity, the new events (when
-the peer holds the previous head), a bridge or a snapshot, and ``matches=False`` when an
-entity leaves the query. Unsubscribing, or disconnecting, stops the pushes.
+peer (its queue bounded in bytes: a peer that falls :data:`FEED_BYTES` behind is cut
+off), which pushes :class:`SubscriptionUpdate` frames with, per entity, the new events
+(when the peer holds the previous head and may still read it), a bridge or a snapshot,
+and ``matches=False`` (with no data) when an entity leaves the query or may no longer be
+read. Before each push the peer's credentials are checked again: once they no longer
+admit it (an expired token), each of its standing queries ends with a
+:class:`SubscriptionEnded` carrying the error's code, and nothing more is pushed.
+Unsubscribing, or disconnecting, stops the pushes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from mycelia.entity import Entity, EntityChange, EventCheck, IngestResult, Snapshot
-from mycelia.errors import InvalidArgument, LocalProtocolError, MyceliaError
-from mycelia.node.deltas import delta_for, query_rows
+from mycelia.errors import (
+    InvalidArgument,
+    LocalProtocolError,
+    MyceliaError,
+    PolicyDenied,
+    PresenceRejected,
+    code_of,
+)
+from mycelia.node.deltas import check_cost, delta_for, served_rows
 from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
 from mycelia.node.ports import Peer
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event
+from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
     Ack,
     CommitRequest,
     Delta,
+    DeltasPage,
     DeltasResponse,
     ErrorResponse,
+    EventsPage,
     EventsResponse,
     FetchRequest,
     GetEventsRequest,
     GetRequest,
     KnownEntity,
     SubscribeRequest,
+    SubscriptionEnded,
     SubscriptionUpdate,
     SystemRequest,
     UnsubscribeRequest,
@@ -60,6 +85,12 @@ log = logging.getLogger(__name__)
 
 MAX_SUBSCRIPTIONS: Final = 256
 """Standing queries one peer may hold."""
+FEED_BYTES: Final = 8 * 1024 * 1024
+"""Bytes of committed changes a subscriber may fall behind by before it is cut off."""
+PAGE_ENVELOPE: Final = 1024
+"""Room a page keeps for its message around its deltas or events."""
+PAGE_LIMIT: Final = 1024 * 1024
+"""Most bytes of events a pushed update sends as they are (more: a snapshot or bridge)."""
 
 
 @dataclass(slots=True)
@@ -108,25 +139,27 @@ class Responder:
         self._commit_remote = commit
         self._system_events = system_events
         self._subscriptions: dict[Peer, dict[int, _Standing]] = {}
-        self._queues: dict[Peer, asyncio.Queue[list[EntityChange] | None]] = {}
+        self._queues: dict[Peer, _Feed] = {}
+        self._lanes: dict[Peer, asyncio.Lock] = {}
+        """Each peer's lane for heavy queries (one at a time per connection)."""
 
     async def handle(self, peer: Peer, msg: Message) -> Message:
         """The response to one request (raise a MyceliaError to answer with an error)."""
         match msg:
             case GetRequest():
-                return await self._get(peer, msg)
+                return await _paged_deltas(peer, msg.request_id, self._get(peer, msg))
             case GetEventsRequest():
                 return await self._get_events(peer, msg)
             case SystemRequest():
                 events = await self._system_events()
-                return EventsResponse(msg.request_id, tuple(e.event for e in events))
+                return await _paged_events(peer, msg.request_id, events, generations=False)
             case CommitRequest():
                 (response,) = await self.commit(peer, [msg])
                 return response
             case FetchRequest():
                 query = _bound(msg.query, msg.args)
-                deltas, _ = await self._deltas(peer.credentials, msg.collection, query, msg.known)
-                return DeltasResponse(msg.request_id, deltas)
+                deltas = self._deltas(peer, msg.collection, query, msg.known, {})
+                return await _paged_deltas(peer, msg.request_id, deltas)
             case SubscribeRequest():
                 return await self._subscribe(peer, msg)
             case UnsubscribeRequest():
@@ -141,15 +174,21 @@ class Responder:
     def forget(self, peer: Peer) -> None:
         """Drop everything held for a closed connection."""
         self._subscriptions.pop(peer, None)
-        queue = self._queues.pop(peer, None)
-        if queue is not None:
-            queue.put_nowait(None)
+        self._lanes.pop(peer, None)
+        feed = self._queues.pop(peer, None)
+        if feed is not None:
+            feed.close()
+
+    def _lane(self, peer: Peer) -> asyncio.Lock:
+        lane = self._lanes.get(peer)
+        if lane is None:
+            lane = self._lanes[peer] = asyncio.Lock()
+        return lane
 
     # -- requests --------------------------------------------------------------------------
 
-    async def _get(self, peer: Peer, msg: GetRequest) -> DeltasResponse:
+    async def _get(self, peer: Peer, msg: GetRequest) -> AsyncIterator[Delta]:
         known = {k.entity_id: k.head for k in msg.known}
-        deltas = []
         for entity_id in msg.entity_ids:
             entity = await self._entities.load(entity_id)
             if entity is None or not entity.exists:
@@ -158,10 +197,9 @@ class Responder:
                 continue
             delta = await delta_for(self._storage, entity.to_state(), known.get(entity_id))
             if delta is not None:
-                deltas.append(delta)
-        return DeltasResponse(msg.request_id, tuple(deltas))
+                yield delta
 
-    async def _get_events(self, peer: Peer, msg: GetEventsRequest) -> EventsResponse:
+    async def _get_events(self, peer: Peer, msg: GetEventsRequest) -> Message:
         found = await self._storage.get_events(msg.event_ids, ahead=msg.ahead)
         readable: dict[EntityId, bool] = {}
         events = []
@@ -174,9 +212,7 @@ class Responder:
             if readable[event.entity_id]:
                 events.append(event)
         events.sort(key=lambda e: (e.generation, e.id))
-        return EventsResponse(
-            msg.request_id, tuple(e.event for e in events), tuple(e.generation for e in events)
-        )
+        return await _paged_events(peer, msg.request_id, events, generations=True)
 
     async def commit(self, peer: Peer, requests: Sequence[CommitRequest]) -> list[Message]:
         """Apply a connection's commits in order: together if they all pass, else one by
@@ -200,7 +236,7 @@ class Responder:
                 check_not_reserved(event.collection)
             await self._commit_remote([list(request.events)], check)
         except MyceliaError as exc:
-            return ErrorResponse(request.request_id, type(exc).__name__, str(exc)[:4000])
+            return ErrorResponse.of(request.request_id, exc)
         return Ack(request.request_id)
 
     def _check(self, credentials: Credentials) -> EventCheck:
@@ -211,12 +247,14 @@ class Responder:
 
         return check
 
-    async def _subscribe(self, peer: Peer, msg: SubscribeRequest) -> DeltasResponse:
+    async def _subscribe(self, peer: Peer, msg: SubscribeRequest) -> Message:
         query = _bound(msg.query, msg.args)
         standing = self._subscriptions.setdefault(peer, {})
         if msg.query_id not in standing and len(standing) >= MAX_SUBSCRIPTIONS:
             raise InvalidArgument(f"a peer may hold at most {MAX_SUBSCRIPTIONS} subscriptions")
-        deltas, members = await self._deltas(peer.credentials, msg.collection, query, msg.known)
+        members: dict[EntityId, Clock] = {}
+        deltas = self._deltas(peer, msg.collection, query, msg.known, members)
+        response = await _paged_deltas(peer, msg.request_id, deltas)
         standing[msg.query_id] = _Standing(
             msg.query_id,
             msg.collection,
@@ -226,79 +264,95 @@ class Responder:
             compile_predicate(query.predicate),
         )
         self._ensure_worker(peer)
-        return DeltasResponse(msg.request_id, deltas)
+        return response
 
     async def _deltas(
         self,
-        credentials: Credentials,
+        peer: Peer,
         collection: str,
         query: Query,
         known: tuple[KnownEntity, ...],
-    ) -> tuple[tuple[Delta, ...], dict[EntityId, Clock]]:
-        """Deltas for a query's result, plus what the peer must know about what it holds.
-
-        Returns the deltas and the entities the peer then holds fresh for this query: the
-        result, plus known entities that still match the predicate (outside a LIMIT they
-        are kept fresh, so the peer's own ordering stays right).
+        members: dict[EntityId, Clock],
+    ) -> AsyncIterator[Delta]:
+        """Deltas for a query's result, and (into ``members``) what the peer then holds
+        fresh for this query: the result, plus known entities that still match the
+        predicate (outside a LIMIT they are kept fresh, so the peer's own ordering stays
+        right). A known entity the peer may not read, of another collection, or unknown
+        here gets the same delta: ``matches=False`` with no data.
         """
+        credentials = peer.credentials
         known_heads = {k.entity_id: k.head for k in known}
-        deltas: list[Delta] = []
-        members: dict[EntityId, Clock] = {}
-        for stored in await query_rows(self._storage, collection, query):
+        rows = await served_rows(self._storage, collection, query, lane=self._lane(peer))
+        for stored in rows:
             state = stored.state
             if not self._policy.can_read(credentials, _snapshot(state, stored.values)):
                 continue
             held = known_heads.pop(state.entity_id, None)
             delta = await delta_for(self._storage, state, held)
             if delta is not None:
-                deltas.append(delta)
+                yield delta
             members[state.entity_id] = state.state.head
         for entity_id, head in known_heads.items():
             entity = await self._entities.load(entity_id)
-            if entity is None or not entity.exists or entity.collection != collection:
+            snapshot = None if entity is None or not entity.exists else entity.snapshot()
+            if (
+                entity is None
+                or snapshot is None
+                or entity.collection != collection
+                or not self._policy.can_read(credentials, snapshot)
+            ):
+                yield Delta(entity_id, collection, False, None, ())  # absent, to this peer
                 continue
-            snapshot = entity.snapshot()
-            readable = self._policy.can_read(credentials, snapshot)
-            matches = (
-                readable and not snapshot.deleted and evaluate(query.predicate, snapshot.values)
-            )
-            if readable or matches:
-                delta = await delta_for(self._storage, entity.to_state(), head, matches=matches)
-            else:
-                delta = Delta(entity_id, collection, False, None, ())
+            matches = not snapshot.deleted and evaluate(query.predicate, snapshot.values)
+            delta = await delta_for(self._storage, entity.to_state(), head, matches=matches)
             if delta is not None:
-                deltas.append(delta)
+                yield delta
             if matches:
                 members[entity_id] = snapshot.head
-        return tuple(deltas), members
 
     # -- pushing updates ---------------------------------------------------------------------
 
     def on_change(self, changes: list[EntityChange]) -> None:
         """Queue ``changes`` for every subscribed peer (a change listener of the node)."""
-        for peer, queue in self._queues.items():
-            if self._subscriptions.get(peer):
-                try:
-                    queue.put_nowait(changes)
-                except asyncio.QueueFull:
-                    log.warning("subscriber %s is too slow: disconnecting it", peer.remote)
-                    peer.spawn(peer.close())
+        size = _changes_size(changes)
+        for peer, feed in self._queues.items():
+            if self._subscriptions.get(peer) and not feed.offer(changes, size):
+                peer.cut_off(f"its subscriptions fell more than {FEED_BYTES} bytes behind")
 
     def _ensure_worker(self, peer: Peer) -> None:
         if peer in self._queues:
             return
-        queue: asyncio.Queue[list[EntityChange] | None] = asyncio.Queue(1024)
-        self._queues[peer] = queue
-        peer.spawn(self._feed(peer, queue))
+        feed = self._queues[peer] = _Feed(FEED_BYTES)
+        peer.spawn(self._feed(peer, feed))
 
-    async def _feed(self, peer: Peer, queue: asyncio.Queue[list[EntityChange] | None]) -> None:
-        while (changes := await queue.get()) is not None:
+    async def _feed(self, peer: Peer, feed: _Feed) -> None:
+        while (changes := await feed.get()) is not None:
+            if not self._still_admitted(peer):
+                return
             for standing in list(self._subscriptions.get(peer, {}).values()):
-                deltas = await self._update(standing, changes)
-                if deltas and standing.query_id in self._subscriptions.get(peer, {}):
-                    peer.push(SubscriptionUpdate(standing.query_id, tuple(deltas)))
+                deltas = await self._update(standing, changes, peer)
+                for chunk in _pages(deltas, peer.page_bytes):
+                    if standing.query_id not in self._subscriptions.get(peer, {}):
+                        break
+                    peer.push(SubscriptionUpdate(standing.query_id, tuple(chunk)))
 
-    async def _update(self, standing: _Standing, changes: list[EntityChange]) -> list[Delta]:
+    def _still_admitted(self, peer: Peer) -> bool:
+        """Whether the peer's credentials still admit it (checked before every push); if
+        not, end each of its standing queries with the error, and push nothing more."""
+        try:
+            peer.check_credentials()
+        except (PolicyDenied, PresenceRejected) as exc:
+            ended = self._subscriptions.pop(peer, {})
+            log.info("ending %d subscriptions of %s: %s", len(ended), peer.remote, exc)
+            text = str(exc)[:4000]
+            for query_id in ended:
+                peer.push(SubscriptionEnded(query_id, code_of(exc), text))
+            return False
+        return True
+
+    async def _update(
+        self, standing: _Standing, changes: list[EntityChange], peer: Peer
+    ) -> list[Delta]:
         """The deltas a batch of changes means for one standing query.
 
         The peer holds ``standing.sent`` fresh while they match the predicate; a new match
@@ -310,7 +364,7 @@ class Responder:
         if not relevant:
             return []
         limited = standing.query.limit is not None
-        ranked: set[EntityId] | None = await self._ranked(standing) if limited else None
+        ranked: set[EntityId] | None = await self._ranked(standing, peer) if limited else None
         deltas = []
         for change in relevant:
             entity_id = change.after.entity_id
@@ -324,8 +378,9 @@ class Responder:
             deltas.extend(await self._refill(standing, ranked))
         return deltas
 
-    async def _ranked(self, standing: _Standing) -> set[EntityId]:
-        rows = await query_rows(self._storage, standing.collection, standing.query)
+    async def _ranked(self, standing: _Standing, peer: Peer) -> set[EntityId]:
+        lane = self._lane(peer)
+        rows = await served_rows(self._storage, standing.collection, standing.query, lane=lane)
         return {
             s.state.entity_id
             for s in rows
@@ -353,7 +408,9 @@ class Responder:
         if not member and held is None:
             return None
         delta: Delta | None
-        if held is not None and held == change.before.head:
+        if not member and not self._policy.can_read(standing.credentials, change.after):
+            delta = Delta(entity_id, standing.collection, False, None, ())  # no data: not theirs
+        elif held is not None and held == change.before.head and _small(change):
             events = tuple(e.event for e in change.events)
             delta = Delta(entity_id, standing.collection, member, None, events)
         else:
@@ -376,8 +433,123 @@ class Responder:
 
 
 def _bound(text: str, args: tuple[object, ...]) -> Query:
-    """The peer's query, parsed and bound (QueryError / InvalidArgument answer the peer)."""
-    return parse(text).bind(*args)
+    """The peer's query, parsed, bound and within the cost budget (QueryError,
+    QueryTooExpensive or InvalidArgument answer the peer)."""
+    query = parse(text).bind(*args)
+    check_cost(query)
+    return query
+
+
+def _small(change: EntityChange) -> bool:
+    """Whether a change's events can travel as they are (else a snapshot or bridge)."""
+    return len(change.events) <= MAX_BATCH_EVENTS and _events_size(change.events) <= (PAGE_LIMIT)
+
+
+def _events_size(events: Iterable[AdmittedEvent]) -> int:
+    return sum(len(e.event.to_bytes()) + 5 for e in events)
+
+
+def _changes_size(changes: list[EntityChange]) -> int:
+    """About what a batch of changes holds in memory (its events' bytes)."""
+    return sum(256 + _events_size(c.events) for c in changes)
+
+
+def _deltas_size(deltas: Sequence[Delta]) -> int:
+    return PAGE_ENVELOPE + sum(d.wire_size() for d in deltas)
+
+
+def _pages(deltas: Iterable[Delta], page_bytes: int) -> Iterable[list[Delta]]:
+    """``deltas`` cut into pages of about ``page_bytes`` (each at least one delta)."""
+    page: list[Delta] = []
+    size = 0
+    for delta in deltas:
+        delta_size = delta.wire_size()
+        if page and (size + delta_size > page_bytes or len(page) >= MAX_BATCH_EVENTS):
+            yield page
+            page, size = [], 0
+        page.append(delta)
+        size += delta_size
+    if page:
+        yield page
+
+
+async def _paged_deltas(peer: Peer, request_id: int, deltas: AsyncIterator[Delta]) -> Message:
+    """Send every page of ``deltas`` but the last (as it fills up); the last is the
+    response itself."""
+    page: list[Delta] = []
+    size = 0
+    async for delta in deltas:
+        delta_size = delta.wire_size()
+        if page and (size + delta_size > peer.page_bytes or len(page) >= MAX_BATCH_EVENTS):
+            await peer.send(DeltasPage(request_id, tuple(page)), size=size + PAGE_ENVELOPE)
+            page, size = [], 0
+        page.append(delta)
+        size += delta_size
+    return DeltasResponse(request_id, tuple(page))
+
+
+async def _paged_events(
+    peer: Peer, request_id: int, events: Sequence[AdmittedEvent], *, generations: bool
+) -> Message:
+    """The events (with their generations, if asked) paged like :func:`_paged_deltas`."""
+    start, size = 0, 0
+    for i, event in enumerate(events):
+        event_size = len(event.event.to_bytes()) + 16
+        if i > start and (size + event_size > peer.page_bytes or i - start >= MAX_BATCH_EVENTS):
+            part = events[start:i]
+            page = EventsPage(request_id, *_events_fields(part, generations=generations))
+            await peer.send(page, size=size + PAGE_ENVELOPE)
+            start, size = i, 0
+        size += event_size
+    return EventsResponse(request_id, *_events_fields(events[start:], generations=generations))
+
+
+def _events_fields(
+    events: Sequence[AdmittedEvent], *, generations: bool
+) -> tuple[tuple[Event, ...], tuple[int, ...]]:
+    return tuple(e.event for e in events), tuple(
+        e.generation for e in events
+    ) if generations else ()
+
+
+class _Feed:
+    """One subscriber's queue of committed changes, bounded in bytes."""
+
+    def __init__(self, budget: int) -> None:
+        self._budget = budget
+        self._items: deque[tuple[list[EntityChange], int]] = deque()
+        self._size = 0
+        self._arrived = asyncio.Event()
+        self._closed = False
+
+    def offer(self, changes: list[EntityChange], size: int) -> bool:
+        """Queue ``changes`` (about ``size`` bytes); False if that is over the budget."""
+        if self._closed:
+            return True
+        if self._items and self._size + size > self._budget:
+            return False
+        self._items.append((changes, size))
+        self._size += size
+        self._arrived.set()
+        return True
+
+    async def get(self) -> list[EntityChange] | None:
+        """The oldest changes, or None once closed."""
+        while not self._items:
+            if self._closed:
+                return None
+            self._arrived.clear()
+            await self._arrived.wait()
+        changes, size = self._items.popleft()
+        self._size -= size
+        return changes
+
+    def close(self) -> None:
+        """Drop what is queued; :meth:`get` returns None."""
+        self._closed = True
+        self._items.clear()
+        self._size = 0
+        self._arrived.set()
 
 
 def _snapshot(state: EntityState, values: Mapping[str, object]) -> Snapshot:

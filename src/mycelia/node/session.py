@@ -8,12 +8,22 @@ Lifecycle (STYLE.md §6), one transition table, :data:`TRANSITIONS`::
 
 Rules:
 
-- The first frame each way is a :class:`Presence`; the second a :class:`PresenceProof`
-  that must verify against the peer's key over *our* challenge. Protocol versions must
-  match exactly, else we answer :class:`PresenceRejected` and close.
-- In READY, requests, responses and updates are passed up as :class:`Received` events;
-  anything not in the table for the current state (a request before the proof, a second
-  Presence, an unknown tag) is a :class:`~mycelia.errors.RemoteProtocolError` and closes.
+- The first frame each way is a :class:`Presence`. Its key must be a valid Ed25519 key
+  (canonical, of large order) and its protocol version ours exactly, else we answer
+  :class:`PresenceRejected` and close. Then the **listener** sends its proof; the
+  **dialer** verifies it and only then sends its own, with its token; the listener
+  verifies that (the payloads and why: :mod:`mycelia.node.identity`).
+- Before READY a frame may be at most ``limits.max_handshake_bytes``, and every frame's
+  tag is read from its first bytes and checked against the table *before* its body is
+  decoded: an unauthenticated peer cannot make the node decode anything large, and
+  nothing out of place is decoded at all.
+- In READY, requests, responses and updates are passed up as :class:`Received` events. A
+  request frame (a request tag and request id first) with a length or field over a
+  limit is passed up as :class:`Faulty` (the driver answers that request with
+  PayloadTooLarge; the session goes on). Any other malformed frame is a protocol
+  violation and closes (it may be damaged in transit: nothing it says, not even its
+  request id, is answered), as is anything not in the table for the current state (a
+  request before the proof, a second Presence, an unknown tag).
 - The session never does I/O, never awaits and never reads a clock: the driver
   (:mod:`mycelia.node.peer`) feeds it bytes and writes what it returns.
 """
@@ -26,21 +36,43 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from mycelia.errors import DecodeError, PresenceRejected, RemoteProtocolError
-from mycelia.node.identity import NodeKey, proof_payload, verify_proof
+from mycelia.errors import (
+    DecodeError,
+    InvalidMessage,
+    PayloadTooLarge,
+    PresenceRejected,
+    RemoteProtocolError,
+)
+from mycelia.node.identity import (
+    NodeKey,
+    check_public_key,
+    dialer_payload,
+    listener_payload,
+    verify_proof,
+)
 from mycelia.proto import EntityId, Limits, NodeId
-from mycelia.proto.messages import PROTOCOL_VERSION, Message, decode_frame, encode_frame
+from mycelia.proto.messages import (
+    PROTOCOL_VERSION,
+    Message,
+    decode_frame,
+    encode_frame,
+    message_type,
+    peek,
+)
 from mycelia.proto.peering import (
     CHALLENGE_LENGTH,
+    PAGES,
+    REQUESTS,
     RESPONSES,
     ErrorResponse,
     Presence,
     PresenceProof,
+    SubscriptionEnded,
     SubscriptionUpdate,
 )
 from mycelia.proto.peering import PresenceRejected as PresenceRejectedMessage
 
-__all__ = ["TRANSITIONS", "PeerSession", "Received", "SessionState", "Verified"]
+__all__ = ["TRANSITIONS", "Faulty", "PeerSession", "Received", "SessionState", "Verified"]
 
 
 class SessionState(enum.Enum):
@@ -67,16 +99,27 @@ class Received:
     message: Message
 
 
-SessionEvent = Verified | Received
+@dataclass(frozen=True, slots=True)
+class Faulty:
+    """A request from a verified peer that could not be decoded: answer ``request_id``
+    with ``error`` (the connection goes on)."""
+
+    request_id: int
+    error: PayloadTooLarge
+
+
+SessionEvent = Verified | Received | Faulty
 
 APPLICATION: Final[tuple[type[Message], ...]] = (
     *RESPONSES,
     *dict.fromkeys(answer for answers in RESPONSES.values() for answer in answers),
+    *PAGES.values(),
     ErrorResponse,
     SubscriptionUpdate,
+    SubscriptionEnded,
 )
 """What a READY session passes up: every request and response of the protocol
-(:data:`~mycelia.proto.peering.RESPONSES`), errors, and pushed updates."""
+(:data:`~mycelia.proto.peering.RESPONSES`) and their pages, errors, and pushed updates."""
 
 Handler = Callable[["PeerSession", Message], list[SessionEvent]]
 
@@ -94,8 +137,12 @@ class PeerSession:
         token: bytes | None = None,
         version: int = PROTOCOL_VERSION,
         challenge: bytes | None = None,
+        dialer: bool = True,
     ) -> None:
+        """``dialer``: whether this side opened the connection (the listener proves
+        first; see the module docstring)."""
         self._key = key
+        self.dialer = dialer
         self._durable = durable
         self._root = system_root
         self._limits = limits
@@ -133,17 +180,32 @@ class PeerSession:
         """
         if self.state is SessionState.CLOSED:
             raise RemoteProtocolError("the session is closed")
+        ready = self.state is SessionState.READY
+        if not ready and len(frame) > self._limits.max_handshake_bytes:
+            self.state = SessionState.CLOSED
+            raise PayloadTooLarge(
+                f"a handshake frame is at most {self._limits.max_handshake_bytes} bytes, "
+                f"got {len(frame)}"
+            )
+        tag, request_id = peek(frame)
+        kind = message_type(tag)
+        if kind is None:
+            self.state = SessionState.CLOSED
+            raise InvalidMessage("not a frame of this protocol (no known message tag)")
+        handler = TRANSITIONS.get((self.state, kind))
+        if handler is None:
+            self.state = SessionState.CLOSED
+            raise RemoteProtocolError(f"{kind.__name__} is not allowed while {self.state.value}")
         try:
             msg = decode_frame(frame, limits=self._limits)
+        except PayloadTooLarge as exc:
+            if ready and request_id is not None and issubclass(kind, REQUESTS):
+                return [Faulty(request_id, exc)]  # that request fails, not the connection
+            self.state = SessionState.CLOSED
+            raise
         except DecodeError:
             self.state = SessionState.CLOSED
             raise
-        handler = TRANSITIONS.get((self.state, type(msg)))
-        if handler is None:
-            self.state = SessionState.CLOSED
-            raise RemoteProtocolError(
-                f"{type(msg).__name__} is not allowed while {self.state.value}"
-            )
         return handler(self, msg)
 
     def take_outgoing(self) -> list[bytes]:
@@ -166,35 +228,69 @@ class PeerSession:
     def _on_presence(self, msg: Message) -> list[SessionEvent]:
         assert isinstance(msg, Presence)
         if msg.protocol_version != self._version:
-            self._outbox.append(
-                encode_frame(
-                    PresenceRejectedMessage(
-                        "protocol version mismatch", self._version, msg.protocol_version
-                    )
-                )
-            )
-            self.state = SessionState.CLOSED
+            self._reject("protocol version mismatch", msg.protocol_version)
             raise PresenceRejected(
                 f"peer speaks protocol {msg.protocol_version}, this node {self._version}"
             )
+        try:
+            check_public_key(msg.node_id)
+        except PresenceRejected as exc:
+            self._reject(str(exc), self._version)
+            raise
         self.peer = msg
-        payload = proof_payload(msg.challenge, self._key.node_id, msg.node_id)
-        self._outbox.append(encode_frame(PresenceProof(self._key.sign(payload), self._token)))
+        if not self.dialer:  # the listener proves first, naming no peer (identity.py)
+            self._outbox.append(
+                encode_frame(PresenceProof(self._key.sign(self._listener_payload()), self._token))
+            )
         self.state = SessionState.AWAIT_PROOF
         return []
 
     def _on_proof(self, msg: Message) -> list[SessionEvent]:
         assert isinstance(msg, PresenceProof)
         assert self.peer is not None
-        payload = proof_payload(self._challenge, self.peer.node_id, self._key.node_id)
+        payload = self._listener_payload() if self.dialer else self._dialer_payload()
         if not verify_proof(self.peer.node_id, msg.signature, payload):
-            self._outbox.append(
-                encode_frame(PresenceRejectedMessage("bad signature", self._version, self._version))
-            )
-            self.state = SessionState.CLOSED
+            self._reject("bad signature", self._version)
             raise PresenceRejected("the peer's proof does not verify against its node id")
+        if self.dialer:  # the listener is verified: now sign what names it
+            proof = PresenceProof(self._key.sign(self._dialer_payload()), self._token)
+            self._outbox.append(encode_frame(proof))
         self.state = SessionState.READY
         return [Verified(self.peer, msg.token)]
+
+    def _listener_payload(self) -> bytes:
+        """What the listener signs: by us if we listen, by the peer if we dialed."""
+        assert self.peer is not None
+        listener = self.peer if self.dialer else None
+        return listener_payload(
+            version=self._version,
+            listener=self._key.node_id if listener is None else listener.node_id,
+            durable=self._durable if listener is None else listener.durable,
+            root=self._root if listener is None else listener.system_root,
+            listener_challenge=self._challenge if listener is None else listener.challenge,
+            dialer_challenge=self.peer.challenge if listener is None else self._challenge,
+        )
+
+    def _dialer_payload(self) -> bytes:
+        """What the dialer signs: by us if we dialed, by the peer if we listen."""
+        assert self.peer is not None
+        dialer = None if self.dialer else self.peer
+        return dialer_payload(
+            version=self._version,
+            dialer=self._key.node_id if dialer is None else dialer.node_id,
+            listener=self.peer.node_id if dialer is None else self._key.node_id,
+            durable=self._durable if dialer is None else dialer.durable,
+            root=self._root if dialer is None else dialer.system_root,
+            dialer_challenge=self._challenge if dialer is None else dialer.challenge,
+            listener_challenge=self.peer.challenge if dialer is None else self._challenge,
+        )
+
+    def _reject(self, reason: str, received: int) -> None:
+        """Queue a PresenceRejected saying ``reason`` and close."""
+        self._outbox.append(
+            encode_frame(PresenceRejectedMessage(reason[:1024], self._version, received))
+        )
+        self.state = SessionState.CLOSED
 
     def _on_rejected(self, msg: Message) -> list[SessionEvent]:
         assert isinstance(msg, PresenceRejectedMessage)

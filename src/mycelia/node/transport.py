@@ -9,22 +9,40 @@ Two implementations:
   (a text frame is a protocol error), with the frame limit enforced by the library.
 
 Every transport raises :class:`~mycelia.errors.ConnectionClosed` once closed, from either
-side; websockets' own exceptions are translated here and chained.
+side; websockets' own exceptions are translated here and chained. A peer that closed with
+a reason naming an error code (``"10601 PolicyDenied: ..."``, see
+:func:`close_reason`) raises that error, also a ConnectionClosed
+(:func:`mycelia.errors.closed_by_peer`).
+
+A transport may also let its frame limit be changed (:class:`Bounded`): a connection
+allows only small frames until the handshake completes (ARCHITECTURE.md §7).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Final, Protocol
+import re
+from typing import Final, Protocol, runtime_checkable
 
 from websockets.asyncio.connection import Connection
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 
-from mycelia.errors import ConnectionClosed, RemoteProtocolError
+from mycelia.errors import ConnectionClosed, RemoteProtocolError, closed_by_peer, code_of
 
-__all__ = ["MemoryTransport", "Transport", "WebsocketTransport", "memory_pair"]
+__all__ = [
+    "Bounded",
+    "MemoryTransport",
+    "Transport",
+    "WebsocketTransport",
+    "allow_frames",
+    "close_reason",
+    "memory_pair",
+]
 
 _CLOSE: Final = object()
+MAX_REASON: Final = 123
+"""Bytes a websocket close reason may hold (RFC 6455 §5.5)."""
+_CODED: Final = re.compile(r"(\d{1,9}) (.*)\Z", re.DOTALL)
 
 
 class Transport(Protocol):
@@ -46,6 +64,41 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Close both directions (idempotent)."""
         ...
+
+
+@runtime_checkable
+class Bounded(Protocol):
+    """A transport whose largest incoming frame can be changed while it is open."""
+
+    def allow_frames(self, max_bytes: int) -> None:
+        """Refuse incoming frames over ``max_bytes`` from now on (before reading them)."""
+        ...
+
+
+def allow_frames(transport: object, max_bytes: int) -> None:
+    """Tell ``transport`` its frame limit, if it can take one (the session checks anyway)."""
+    if isinstance(transport, Bounded):
+        transport.allow_frames(max_bytes)
+
+
+def close_reason(error: BaseException) -> str:
+    """A websocket close reason naming ``error`` by its code: ``"<code> <Class>: <text>"``,
+    cut to the 123 bytes a reason may hold."""
+    text = f"{code_of(error)} {type(error).__name__}: {error}"
+    return text.encode()[:MAX_REASON].decode("utf-8", "ignore")
+
+
+def _closed(exc: WsConnectionClosed) -> ConnectionClosed:
+    """The error a websocket close means: the peer's typed error when its reason names a
+    code (see :func:`close_reason`), else a plain ConnectionClosed."""
+    received = exc.rcvd
+    if received is not None and received.code != 1000:
+        coded = _CODED.match(received.reason)
+        if coded is not None:
+            kind_and_text = coded.group(2)
+            text = kind_and_text.split(": ", 1)[-1]
+            return closed_by_peer(int(coded.group(1)), text)
+    return ConnectionClosed(f"websocket closed: {exc}")
 
 
 class MemoryTransport:
@@ -106,6 +159,11 @@ class WebsocketTransport:
     def __init__(self, connection: Connection) -> None:
         self._ws = connection
 
+    def allow_frames(self, max_bytes: int) -> None:
+        """Refuse frames over ``max_bytes`` from now on: websockets checks a frame's length
+        in its header, so a bigger one is refused (close 1009) before it is read."""
+        self._ws.protocol.max_message_size = max_bytes
+
     @property
     def remote(self) -> str:
         """The peer's address."""
@@ -117,14 +175,14 @@ class WebsocketTransport:
         try:
             await self._ws.send(frame)
         except WsConnectionClosed as exc:
-            raise ConnectionClosed(f"websocket closed: {exc}") from exc
+            raise _closed(exc) from exc
 
     async def recv(self) -> bytes:
         """The next binary message (a text message is a protocol error)."""
         try:
             data = await self._ws.recv()
         except WsConnectionClosed as exc:
-            raise ConnectionClosed(f"websocket closed: {exc}") from exc
+            raise _closed(exc) from exc
         if isinstance(data, str):
             raise RemoteProtocolError("text frames are not part of this protocol")
         return data

@@ -18,7 +18,15 @@ entity is held and kept current by a subscription), applies what the peer sends 
 merged, events ingested, missing parents fetched), and answers the applier's requests for
 history this node does not hold (:meth:`Link.get_events`).
 
-Offline (no session, or one not ready yet) everything answers from what is here.
+Offline (no session, or one not ready yet) everything answers from what is here. But a
+read-through whose request was sent and whose connection then closed raises
+:class:`~mycelia.errors.ConnectionClosed`: the answer was lost (it may have been paged
+over several frames), and answering from here would pass a partial or empty result off
+as the peer's.
+
+A subscription the peer ends (:class:`~mycelia.proto.peering.SubscriptionEnded`: the
+credentials expired, say) is not mirrored again; its live query is told the typed error
+when it can take one (:class:`Ends`).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import contextlib
 import enum
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeVar, runtime_checkable
 
 from mycelia.entity import Applier, Entity, EntityChange, IngestResult
 from mycelia.errors import (
@@ -36,9 +44,11 @@ from mycelia.errors import (
     DecodeError,
     LineageError,
     MyceliaError,
+    NotConnected,
     ProtocolError,
     RequestTimeout,
     RetrievalError,
+    remote,
 )
 from mycelia.node.commits import CommitPipeline
 from mycelia.node.deltas import query_rows
@@ -54,6 +64,7 @@ from mycelia.proto.peering import (
     GetRequest,
     KnownEntity,
     SubscribeRequest,
+    SubscriptionEnded,
     SubscriptionUpdate,
     SystemRequest,
     UnsubscribeRequest,
@@ -62,7 +73,7 @@ from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState
 from mycelia.storage import StorageEngine
 
-__all__ = ["MAX_FETCH_ROUNDS", "ConnectionState", "Link", "Upstream"]
+__all__ = ["MAX_FETCH_ROUNDS", "ConnectionState", "Ends", "Link", "Upstream"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +81,15 @@ M = TypeVar("M", bound=Message)
 
 MAX_FETCH_ROUNDS: Final = 64
 """Rounds of asking the peer for missing parents before events are left pending."""
+
+
+@runtime_checkable
+class Ends(Protocol):
+    """A live query that can be told its durable peer ended its subscription."""
+
+    def end(self, error: MyceliaError) -> None:
+        """The peer will push nothing more for it: ``error`` says why."""
+        ...
 
 
 class ConnectionState(enum.Enum):
@@ -151,7 +171,7 @@ class Link:
         """A request over the open session; raises ConnectionClosed when there is none."""
         session = self.session
         if session is None:
-            raise ConnectionClosed("not connected to the durable peer")
+            raise NotConnected("not connected to the durable peer")
         return await session.request(make, expect=expect, timeout=timeout)
 
     async def get_events(self, ids: Sequence[EventId], ahead: int) -> list[AdmittedEvent]:
@@ -220,13 +240,17 @@ class Upstream:
         if self._serving:
             await asyncio.gather(*self._serving, return_exceptions=True)
 
-    async def on_update(self, update: SubscriptionUpdate) -> None:
-        """Apply an update the durable peer pushed for one of our subscriptions.
+    async def on_update(self, update: SubscriptionUpdate | SubscriptionEnded) -> None:
+        """Apply an update the durable peer pushed for one of our subscriptions (or take
+        note that it ended one, see the module docstring).
 
         If it cannot be applied (a storage write failed, say), the session is closed: the
         next one re-subscribes with the heads really held here and catches up, where
         carrying on would leave the peer believing this node holds what it does not.
         """
+        if isinstance(update, SubscriptionEnded):
+            self._ended(update)
+            return
         try:
             await self.apply_deltas(update.deltas)
         except MyceliaError as exc:
@@ -234,6 +258,15 @@ class Upstream:
             session = self._link.session
             if session is not None:
                 await session.close()
+
+    def _ended(self, ended: SubscriptionEnded) -> None:
+        live: object = self._following.pop(ended.query_id, None)
+        error = remote(ended.code, ended.text)
+        log.warning(
+            "the durable peer ended the subscription of query %s: %s", ended.query_id, error
+        )
+        if isinstance(live, Ends):
+            live.end(error)
 
     # -- read-through --------------------------------------------------------------------
 
@@ -262,9 +295,11 @@ class Upstream:
         return await query_rows(self._storage, collection, query)
 
     async def _ask_deltas(self, make: MakeRequest) -> None:
+        """Ask and apply. Raises ConnectionClosed if the connection closed with the
+        request sent (its answer is lost); offline after all, it answers from here."""
         try:
             response = await self._link.request(make, expect=DeltasResponse)
-        except (ConnectionClosed, RequestTimeout):
+        except (NotConnected, RequestTimeout):
             return  # offline after all: answer from what is here
         with contextlib.suppress(DecodeError, LineageError, RetrievalError):
             await self.apply_deltas(response.deltas)  # (logged) answer from what is here

@@ -17,7 +17,11 @@ Invariants:
 - Memory stays bounded: at most :data:`TIMED_REQUESTS` requests are timed at once (the
   peer may have far fewer in flight; a request beyond the bound is simply not timed).
 - ``close`` says why when the transport can (:class:`Explaining`): the error that ended
-  the connection (``why()``) becomes a websocket close code and reason.
+  the connection (``why()``) becomes a websocket close code (1002 a protocol violation,
+  1008 a policy or budget one, 1009 a frame or field too large, 1011 a bug here) and a
+  reason naming the error by its code (:func:`~mycelia.node.transport.close_reason`),
+  which the peer raises as that error.
+- It forwards a frame limit to the transport it wraps (:class:`~mycelia.node.transport.Bounded`).
 """
 
 from __future__ import annotations
@@ -27,12 +31,17 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol, runtime_checkable
 
-import msgpack
-
-from mycelia.errors import ConnectionClosed, DecodeError, MyceliaError, PolicyDenied
+from mycelia.errors import (
+    ConnectionClosed,
+    DecodeError,
+    MyceliaError,
+    Overloaded,
+    PayloadTooLarge,
+    PolicyDenied,
+)
 from mycelia.node.metrics import Metrics
-from mycelia.node.transport import Transport
-from mycelia.proto.messages import decode_frame, message_types
+from mycelia.node.transport import Transport, allow_frames, close_reason
+from mycelia.proto.messages import decode_frame, message_types, peek
 from mycelia.proto.peering import REQUESTS, Ack, DeltasResponse, ErrorResponse, EventsResponse
 
 __all__ = ["Explaining", "MeteredTransport", "close_code"]
@@ -40,15 +49,11 @@ __all__ = ["Explaining", "MeteredTransport", "close_code"]
 log = logging.getLogger(__name__)
 
 TIMED_REQUESTS: Final = 1024
-PEEK_BYTES: Final = 24
-"""Enough for an array header, a tag and a 64-bit request id."""
 REQUEST_TAGS: Final = frozenset(cls.TAG for cls in REQUESTS)
 RESPONSE_TAGS: Final = frozenset(
     cls.TAG for cls in (ErrorResponse, Ack, EventsResponse, DeltasResponse)
 )
 NAMES: Final = {tag: cls.__name__ for tag, cls in message_types().items()}
-MAX_REASON: Final = 123
-"""Bytes a websocket close reason may hold (RFC 6455 §5.5)."""
 
 Refusal = Callable[[str, str, str], None]
 """``on_refusal(request, error_kind, text)``."""
@@ -68,31 +73,16 @@ def close_code(error: BaseException | None) -> tuple[int, str]:
     if error is None:
         return 1000, ""
     if isinstance(error, ConnectionClosed):
-        code, text = 1000, str(error)  # e.g. "slow consumer: outgoing queue full"
+        return 1000, str(error).encode()[:123].decode("utf-8", "ignore")
+    if isinstance(error, PayloadTooLarge):
+        code = 1009  # message too big
+    elif isinstance(error, PolicyDenied | Overloaded):
+        code = 1008  # policy violation (a refusal, or a budget the peer overran)
+    elif isinstance(error, MyceliaError | TimeoutError):
+        code = 1002  # protocol error
     else:
-        if isinstance(error, PolicyDenied):
-            code = 1008  # policy violation
-        elif isinstance(error, MyceliaError | TimeoutError):
-            code = 1002  # protocol error
-        else:
-            code = 1011  # internal error
-        text = f"{type(error).__name__}: {error}"
-    return code, text.encode()[:MAX_REASON].decode("utf-8", "ignore")
-
-
-def _peek(frame: bytes) -> tuple[int | None, int | None]:
-    """A frame's tag and its first field when that is an int (the request id)."""
-    unpacker = msgpack.Unpacker()
-    unpacker.feed(frame[:PEEK_BYTES])
-    try:
-        if unpacker.read_array_header() < 2:
-            return None, None
-        tag, rid = unpacker.unpack(), unpacker.unpack()
-    except (msgpack.OutOfData, msgpack.UnpackException, ValueError):
-        return None, None
-    if not isinstance(tag, int) or not isinstance(rid, int) or isinstance(rid, bool):
-        return None, None
-    return tag, rid
+        code = 1011  # internal error
+    return code, close_reason(error)
 
 
 class MeteredTransport:
@@ -123,14 +113,14 @@ class MeteredTransport:
         """The next frame (counted; a request starts its timer)."""
         frame = await self._inner.recv()
         self._metrics.received(len(frame))
-        tag, rid = _peek(frame)
+        tag, rid = peek(frame)
         if tag in REQUEST_TAGS and rid is not None and len(self._started) < TIMED_REQUESTS:
             self._started[rid] = (NAMES[tag], self._clock())
         return frame
 
     async def send(self, frame: bytes) -> None:
         """Send one frame (counted; a response stops its request's timer)."""
-        tag, rid = _peek(frame)
+        tag, rid = peek(frame)
         if tag in RESPONSE_TAGS and rid is not None:
             started = self._started.pop(rid, None)
             request = "unknown" if started is None else started[0]
@@ -150,6 +140,10 @@ class MeteredTransport:
         if isinstance(response, ErrorResponse):
             self._metrics.refused(response.kind)
             self._on_refusal(request, response.kind, response.text)
+
+    def allow_frames(self, max_bytes: int) -> None:
+        """Pass a frame limit on to the wrapped transport (if it takes one)."""
+        allow_frames(self._inner, max_bytes)
 
     async def close(self) -> None:
         """Close, explaining why to the peer when the transport can."""

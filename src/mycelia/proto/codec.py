@@ -7,7 +7,12 @@ Invariants:
   that do (``Json``) are packed with their keys sorted by :func:`canonical_value`.
 - :func:`unpack` never raises anything but a :class:`~mycelia.errors.DecodeError` subclass
   and refuses any length beyond the :class:`~mycelia.proto.limits.Limits` before msgpack
-  allocates for it.
+  allocates for it. Its cost is linear in the input's bytes with a small constant: a
+  payload may hold at most one array or map per :data:`BYTES_PER_CONTAINER` bytes (every
+  shape of this protocol spends more than that on each), so a payload of nested empty
+  arrays — one Python object per byte — is refused after a fraction of it was built, and
+  the garbage collector, which would rescan the half-built tree again and again, is
+  paused while a large payload decodes.
 - The ``expect_*`` helpers turn a decoded ``object`` into a typed value or raise
   :class:`~mycelia.errors.DecodeError` naming the field, so no untyped value crosses the
   codec boundary (STYLE.md §5).
@@ -15,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Callable
 from typing import Final, TypeVar
@@ -41,6 +47,14 @@ T = TypeVar("T")
 
 NAME_PATTERN: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
 """Collection, backend and property names: an identifier-like word (dots and dashes allowed)."""
+
+BYTES_PER_CONTAINER: Final = 12
+"""A payload holds at most one array or map per this many bytes (plus
+:data:`CONTAINER_ALLOWANCE`). The densest shape of the protocol, a state's nested head,
+generations and buffer pairs, spends at least 17 bytes on each."""
+CONTAINER_ALLOWANCE: Final = 256
+COUNTED_PAYLOAD: Final = 64 * 1024
+"""Payloads up to this size decode without counting (they cannot hold many containers)."""
 
 # One reusable packer: packing built-in types never calls back into Python, so a call holds
 # the GIL from start to end and the shared instance is safe to use from any thread.
@@ -78,6 +92,25 @@ def unpack_options(limits: Limits) -> dict[str, object]:
     return options
 
 
+class _Containers:
+    """Counts the arrays and maps msgpack builds; raises past the budget (see module)."""
+
+    __slots__ = ("left", "what")
+
+    def __init__(self, size: int, what: str) -> None:
+        self.left = size // BYTES_PER_CONTAINER + CONTAINER_ALLOWANCE
+        self.what = what
+
+    def count(self, value: T) -> T:
+        self.left -= 1
+        if self.left < 0:
+            raise PayloadTooLarge(
+                f"{self.what} holds more arrays and maps than its size allows "
+                f"(one per {BYTES_PER_CONTAINER} bytes)"
+            )
+        return value
+
+
 def unpack(data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "payload") -> object:
     """Decode one msgpack value, enforcing ``limits``; raises DecodeError/PayloadTooLarge."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -85,7 +118,9 @@ def unpack(data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "payload
     if len(data) > limits.max_frame_bytes:
         raise PayloadTooLarge(f"{what} is {len(data)} bytes; the limit is {limits.max_frame_bytes}")
     try:
-        return msgpack.unpackb(data, **unpack_options(limits))
+        if len(data) <= COUNTED_PAYLOAD:
+            return msgpack.unpackb(data, **unpack_options(limits))
+        return _unpack_counted(data, limits, what)
     except DecodeError:
         raise
     except ValueError as exc:
@@ -94,6 +129,21 @@ def unpack(data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "payload
         raise DecodeError(f"{what} is not valid msgpack: {exc}") from exc
     except Exception as exc:  # msgpack raises a zoo of types on hostile input
         raise DecodeError(f"{what} is not valid msgpack: {exc!r}") from exc
+
+
+def _unpack_counted(data: bytes, limits: Limits, what: str) -> object:
+    """A large payload: containers counted, the collector paused (see the module)."""
+    budget = _Containers(len(data), what)
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return msgpack.unpackb(
+            data, **unpack_options(limits), list_hook=budget.count, object_hook=budget.count
+        )
+    finally:
+        if paused:
+            gc.enable()
 
 
 def canonical_value(value: object, *, depth: int = 0, max_depth: int = 32) -> object:

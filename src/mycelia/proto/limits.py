@@ -12,10 +12,12 @@ from typing import Final
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "FRAME_ENVELOPE",
     "MAX_BATCH_EVENTS",
     "MAX_CLOCK_WIDTH",
     "MAX_COLLECTION_NAME",
     "MAX_FRAME_BYTES",
+    "MAX_HANDSHAKE_FRAME",
     "MAX_NESTING_DEPTH",
     "MAX_OPERATION_BYTES",
     "MAX_PARENTS",
@@ -25,6 +27,11 @@ __all__ = [
 
 MAX_FRAME_BYTES: Final = 4 * 1024 * 1024
 """Largest wire frame (one websocket message) or stored record, in bytes."""
+MAX_HANDSHAKE_FRAME: Final = 16 * 1024
+"""Largest frame a peer may send before the handshake completes (a Presence, or a proof
+with its token): what an unauthenticated peer can make a node read and decode."""
+FRAME_ENVELOPE: Final = 64 * 1024
+"""Room a frame keeps for what surrounds one entity's snapshot (ids, names, the message)."""
 MAX_BATCH_EVENTS: Final = 10_000
 """Most events in one batch (a frame, a commit, a bridge)."""
 MAX_PARENTS: Final = 256
@@ -53,6 +60,11 @@ class Limits:
     max_string_length: int = MAX_STRING_LENGTH
     max_name_length: int = MAX_COLLECTION_NAME
     max_nesting_depth: int = MAX_NESTING_DEPTH
+    max_handshake_bytes: int = MAX_HANDSHAKE_FRAME
+    max_entity_bytes: int = field(init=False, repr=False, compare=False)
+    """The largest encoded state an entity may reach (derived): its snapshot must fit in
+    one frame with :data:`FRAME_ENVELOPE` to spare, so an event that would grow an entity
+    beyond it is refused at commit (ARCHITECTURE.md §7, "Paged answers")."""
     max_array_length: int = field(init=False, repr=False, compare=False)
     """The longest msgpack array any of our shapes may contain (derived)."""
     cache: dict[str, object] = field(
@@ -63,6 +75,8 @@ class Limits:
     def __post_init__(self) -> None:
         longest = max(self.max_batch_events, self.max_parents, self.max_clock_width)
         object.__setattr__(self, "max_array_length", longest)
+        room = max(self.max_frame_bytes - FRAME_ENVELOPE, self.max_frame_bytes // 2)
+        object.__setattr__(self, "max_entity_bytes", room)
 
 
 DEFAULT_LIMITS: Final = Limits()

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import ClassVar, Final, TypeVar, dataclass_transform
 
+import msgpack
+
 from mycelia.errors import DecodeError, InvalidArgument, InvalidMessage
 from mycelia.proto.codec import expect_int, pack, unpack
 from mycelia.proto.event import Event
@@ -31,18 +33,26 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Message",
     "decode_events",
+    "decode_fields",
     "decode_frame",
     "encode_events",
     "encode_frame",
     "message",
+    "message_type",
     "message_types",
+    "peek",
+    "unpack_frame",
 ]
 
-PROTOCOL_VERSION: Final = 2
-"""Peers must speak exactly the same version (ARCHITECTURE.md §7).
+PROTOCOL_VERSION: Final = 3
+"""Peers must speak exactly the same version (ARCHITECTURE.md §7; the versioning rule is in
+``docs/protocol.md``: any change to a frame's bytes or meaning bumps it).
 
 2: ``GetRequest`` carries known heads and is answered with deltas; a delta may carry the
 ``base`` its snapshot descends from.
+3: the proofs bind both challenges, the direction and the version, and the dialer signs
+only once it verified the listener's; errors travel as stable codes; answers are paged
+(``DeltasPage``, ``EventsPage``) under the frame limit; ``SubscriptionEnded``.
 """
 
 
@@ -57,6 +67,10 @@ class Message(Record):
 
 
 _REGISTRY: dict[int, type[Message]] = {}
+
+PEEK_BYTES: Final = 24
+"""Enough for an array header, a tag and a 64-bit request id."""
+_PEEK_FAILURES: Final = (msgpack.OutOfData, msgpack.UnpackException, ValueError, TypeError)
 
 M = TypeVar("M", bound=Message)
 
@@ -82,9 +96,39 @@ def message_types() -> dict[int, type[Message]]:
     return dict(_REGISTRY)
 
 
+def message_type(tag: int | None) -> type[Message] | None:
+    """The message class registered under ``tag`` (``None`` if there is none)."""
+    return None if tag is None else _REGISTRY.get(tag)
+
+
 def encode_frame(msg: Message) -> bytes:
     """The bytes of one frame carrying ``msg``."""
     return pack([msg.TAG, *msg.to_wire()])
+
+
+def peek(frame: bytes) -> tuple[int | None, int | None]:
+    """A frame's tag and its first field when that is an integer (a request id), read from
+    its first bytes without decoding the rest: what a receiver checks before it spends
+    anything on the body. ``(None, None)`` if the frame does not start like a message."""
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(frame[:PEEK_BYTES])
+    try:
+        if unpacker.read_array_header() < 1:
+            return None, None
+        tag = unpacker.unpack()
+    except _PEEK_FAILURES:
+        return None, None
+    if not _is_int(tag):
+        return None, None
+    try:
+        first = unpacker.unpack()
+    except _PEEK_FAILURES:
+        return tag, None
+    return tag, first if _is_int(first) else None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def decode_frame(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> Message:
@@ -95,9 +139,32 @@ def decode_frame(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> Message:
         InvalidMessage: not a frame of this protocol.
         DecodeError: a field is malformed.
     """
+    return decode_fields(unpack_frame(data, limits=limits), limits=limits)
+
+
+def unpack_frame(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> list[object]:
+    """The first step of :func:`decode_frame`: the frame's msgpack array (the tag first).
+
+    Raises:
+        PayloadTooLarge: beyond ``limits`` (the frame, or a length inside it).
+        InvalidMessage: not a msgpack array starting with an integer tag.
+        DecodeError: not msgpack.
+    """
     fields = unpack(data, limits=limits, what="frame")
     if not isinstance(fields, list) or not fields:
         raise InvalidMessage("a frame is a non-empty array starting with a message tag")
+    expect_int(fields[0], "message tag")
+    return fields
+
+
+def decode_fields(fields: list[object], *, limits: Limits = DEFAULT_LIMITS) -> Message:
+    """The second step of :func:`decode_frame`: the message from its frame's array.
+
+    Raises:
+        InvalidMessage: an unknown tag, or the wrong number of fields.
+        PayloadTooLarge: a field beyond its declared limit.
+        DecodeError: a field is malformed.
+    """
     tag = expect_int(fields[0], "message tag")
     cls = _REGISTRY.get(tag)
     if cls is None:

@@ -9,16 +9,20 @@ transition table, is :mod:`mycelia.node.session`.
 
 Handshake (ARCHITECTURE.md §7): the first frame each way is a :class:`Presence` carrying
 the sender's Ed25519 public key (its node id), durable flag, system root, protocol version
-and a fresh random challenge; the second frame each way is a :class:`PresenceProof`: the
-sender's signature over the peer's challenge (bound to both node ids) and, from a client,
-its credentials token. A version mismatch is answered with :class:`PresenceRejected` and a
-close.
+and a fresh random challenge. Then the listener sends its :class:`PresenceProof`; the
+dialer verifies it before it sends its own (the payloads are in
+:mod:`mycelia.node.identity`), with its credentials token. A version mismatch or a bad
+key or proof is answered with :class:`PresenceRejected` and a close.
 
 Requests carry a ``request_id`` chosen by the requester; the answer is exactly one
 response with that id: one of the request's response types in :data:`RESPONSES` (the one
 table of them: responders dispatch on it, requesters check answers against it with
-:func:`expect_response`), or :class:`ErrorResponse`. Events travel as canonical bytes and
-are re-verified on decode; states as :class:`~mycelia.proto.EntityState` wire arrays.
+:func:`expect_response`), or :class:`ErrorResponse` (a stable error code, never a class
+name). An answer too large for one frame is **paged**: :data:`PAGES` names the page type
+that precedes each response type, and the requester joins the pages with the final
+response (:func:`joined`); no frame exceeds the frame limit. Events travel as canonical
+bytes and are re-verified on decode; states as :class:`~mycelia.proto.EntityState` wire
+arrays. ``docs/protocol.md`` tabulates every message.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final, TypeVar
 
-from mycelia.errors import DecodeError, RemoteProtocolError
+from mycelia.errors import DecodeError, RemoteProtocolError, code_of, error_class
 from mycelia.proto.event import Event
 from mycelia.proto.ids import EntityId, EventId, NodeId
 from mycelia.proto.messages import Message, message
@@ -54,14 +58,17 @@ from mycelia.proto.state import EntityState
 
 __all__ = [
     "CHALLENGE_LENGTH",
+    "PAGES",
     "REQUESTS",
     "RESPONSES",
     "SIGNATURE_LENGTH",
     "Ack",
     "CommitRequest",
     "Delta",
+    "DeltasPage",
     "DeltasResponse",
     "ErrorResponse",
+    "EventsPage",
     "EventsResponse",
     "FetchRequest",
     "GetEventsRequest",
@@ -71,10 +78,12 @@ __all__ = [
     "PresenceProof",
     "PresenceRejected",
     "SubscribeRequest",
+    "SubscriptionEnded",
     "SubscriptionUpdate",
     "SystemRequest",
     "UnsubscribeRequest",
     "expect_response",
+    "joined",
 ]
 
 CHALLENGE_LENGTH: Final = 32
@@ -224,6 +233,13 @@ class Delta(Record):
     events: tuple[Event, ...] = wire(EVENTS)
     base: tuple[EventId, ...] | None = wire(Optional(CLOCK), default=None)
 
+    def wire_size(self) -> int:
+        """An upper bound of this delta's encoded size (what it takes of a frame)."""
+        size = 64 + len(self.collection) + sum(len(e.to_bytes()) + 5 for e in self.events)
+        if self.state is not None:
+            size += self.state.wire_size()
+        return size + 39 * len(self.base or ())
+
     def check_decoded(self) -> None:
         """Raises DecodeError for a base without a state."""
         if self.base is not None and self.state is None:
@@ -233,13 +249,29 @@ class Delta(Record):
 DELTAS: Final = Array(Nested(Delta), limit="max_batch_events")
 
 
+ERROR_CODE: Final = Int(minimum=1)
+"""A stable error code (:data:`mycelia.errors.CODES`)."""
+ERROR_TEXT: Final = 4096
+
+
 @message(20)
 class ErrorResponse(Message):
-    """A request failed on the peer: ``kind`` is the error class name there."""
+    """A request failed on the peer: ``code`` is the error's stable code
+    (:data:`mycelia.errors.CODES`; the receiver raises :func:`mycelia.errors.remote`)."""
 
     request_id: int = wire(REQUEST_ID)
-    kind: str = wire(Str(64))
-    text: str = wire(Str(4096))
+    code: int = wire(ERROR_CODE)
+    text: str = wire(Str(ERROR_TEXT))
+
+    @classmethod
+    def of(cls, request_id: int, error: BaseException) -> ErrorResponse:
+        """The answer to request ``request_id`` that failed with ``error``."""
+        return cls(request_id, code_of(error), str(error)[:ERROR_TEXT])
+
+    @property
+    def kind(self) -> str:
+        """The name of the class :attr:`code` names (for logs and metrics)."""
+        return error_class(self.code).__name__
 
 
 @message(21)
@@ -280,12 +312,52 @@ class DeltasResponse(Message):
     deltas: tuple[Delta, ...] = wire(DELTAS)
 
 
+@message(25)
+class DeltasPage(Message):
+    """Part of the answer to a request answered by :class:`DeltasResponse`, sent before it
+    when the answer does not fit one frame (see :data:`PAGES`)."""
+
+    request_id: int = wire(REQUEST_ID)
+    deltas: tuple[Delta, ...] = wire(DELTAS)
+
+
+@message(26)
+class EventsPage(Message):
+    """Part of the answer to a request answered by :class:`EventsResponse`, sent before it
+    when the answer does not fit one frame (see :data:`PAGES`)."""
+
+    request_id: int = wire(REQUEST_ID)
+    events: tuple[Event, ...] = wire(EVENTS)
+    generations: tuple[int, ...] = wire(Array(Int(minimum=1), limit="max_batch_events"), default=())
+
+    def check_decoded(self) -> None:
+        """Raises DecodeError unless there is one generation per event, or none."""
+        if self.generations and len(self.generations) != len(self.events):
+            raise DecodeError("an events page needs one generation per event, or none")
+
+
 @message(30)
 class SubscriptionUpdate(Message):
-    """Pushed to a subscriber: what changed for one of its standing queries."""
+    """Pushed to a subscriber: what changed for one of its standing queries (a large
+    change is split over several updates, each whole for the entities it carries)."""
 
     query_id: int = wire(QUERY_ID)
     deltas: tuple[Delta, ...] = wire(DELTAS)
+
+
+@message(31)
+class SubscriptionEnded(Message):
+    """Pushed to a subscriber: the responder dropped one of its standing queries, for the
+    error ``code`` names (its credentials expired, say); no update for it follows."""
+
+    query_id: int = wire(QUERY_ID)
+    code: int = wire(ERROR_CODE)
+    text: str = wire(Str(ERROR_TEXT))
+
+    @property
+    def kind(self) -> str:
+        """The name of the class :attr:`code` names."""
+        return error_class(self.code).__name__
 
 
 RESPONSES: Final[Mapping[type[Message], tuple[type[Message], ...]]] = MappingProxyType(
@@ -304,6 +376,34 @@ may instead be answered with :class:`ErrorResponse`; nothing else answers one.""
 
 REQUESTS: Final = tuple(RESPONSES)
 """Every request type, in :data:`RESPONSES` order (what a responder serves)."""
+
+PAGES: Final[Mapping[type[Message], type[Message]]] = MappingProxyType(
+    {DeltasResponse: DeltasPage, EventsResponse: EventsPage}
+)
+"""Each response type that may be paged → the type of its pages. Pages carry the
+request's id and come, in order, before the final response, which carries the rest."""
+
+
+def joined(pages: list[Message], final: Message) -> Message:
+    """The whole answer: ``pages`` (of ``final``'s page type, in order) then ``final``.
+
+    Raises:
+        RemoteProtocolError: a page is not of ``final``'s page type.
+    """
+    if not pages:
+        return final
+    if isinstance(final, DeltasResponse) and all(isinstance(p, DeltasPage) for p in pages):
+        deltas = [d for p in pages for d in p.deltas]  # type: ignore[attr-defined]
+        return DeltasResponse(final.request_id, (*deltas, *final.deltas))
+    if isinstance(final, EventsResponse) and all(isinstance(p, EventsPage) for p in pages):
+        parts = [*pages, final]
+        events = tuple(e for p in parts for e in p.events)  # type: ignore[attr-defined]
+        generations = tuple(g for p in parts for g in p.generations)  # type: ignore[attr-defined]
+        if generations and len(generations) != len(events):
+            raise RemoteProtocolError("the pages of an events answer disagree on generations")
+        return EventsResponse(final.request_id, events, generations)
+    raise RemoteProtocolError(f"{type(final).__name__} was preceded by pages of another type")
+
 
 R = TypeVar("R", bound=Message)
 

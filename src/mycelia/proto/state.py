@@ -205,6 +205,17 @@ class EntityState:
         """Canonical bytes of this state."""
         return pack(self.to_wire())
 
+    def wire_size(self) -> int:
+        """An upper bound of ``len(self.to_bytes())``, without encoding (msgpack adds at
+        most 5 bytes of header to a string, binary or array, 9 to an integer)."""
+        state = self.state
+        return (
+            64
+            + len(self.collection)
+            + 39 * len(state.head)
+            + sum(15 + len(name) + len(buf) for name, buf in state.buffers)
+        )
+
     @classmethod
     def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> EntityState:
         """Decode :meth:`to_bytes`."""

@@ -270,15 +270,25 @@ def _oversized(fx: Fixture) -> list[CorpusItem]:
     return _items(
         "oversized clocks and batches",
         [
-            ("wide-parent-clock", "257 parents (the limit is 256)", _commit_raw([clock]), "close"),
+            (
+                "wide-parent-clock",
+                "257 parents (the limit is 256)",
+                _commit_raw([clock]),
+                "error:PayloadTooLarge",
+            ),
             (
                 "oversized-batch",
                 "10,001 events (the limit is 10,000)",
                 _commit_raw([b""] * 10_001),
-                "close",
+                "error:PayloadTooLarge",
             ),
-            ("wide-known-head", "a fetch claiming a 257-id head", fetch, "close"),
-            ("long-collection-name", "a 65-character collection", _commit_raw([name]), "close"),
+            ("wide-known-head", "a fetch claiming a 257-id head", fetch, "error:PayloadTooLarge"),
+            (
+                "long-collection-name",
+                "a 65-character collection",
+                _commit_raw([name]),
+                "error:PayloadTooLarge",
+            ),
         ],
     )
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from mycelia.entity.model import Model
-from mycelia.errors import EntityNotFound, MyceliaError
+from mycelia.errors import ConnectionClosed, EntityNotFound, MyceliaError
 from mycelia.node import Node, Transaction
 from mycelia.node.transport import Transport
 from mycelia.node.upstream import ConnectionState
@@ -211,6 +211,11 @@ class Simulation:
         except EntityNotFound:
             # A client's edit reads through: its server may have had the entity deleted.
             self.trace.record("skip", "gone")
+            return False
+        except ConnectionClosed:
+            # ...and the connection may drop while it does: the read's answer is lost, so
+            # the edit fails (ARCHITECTURE.md §7) and nothing was committed.
+            self.trace.record("skip", "read-through cut")
             return False
         except InjectedFailure:
             self.replicator.count("commits failed")

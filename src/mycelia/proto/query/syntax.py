@@ -40,6 +40,7 @@ __all__ = [
     "check_literal",
     "check_op",
     "check_path",
+    "cost",
     "iter_placeholders",
     "paths",
 ]
@@ -283,3 +284,18 @@ def paths(predicate: Predicate) -> Iterator[tuple[str, ...]]:
             yield from paths(item)
     elif isinstance(predicate, Not):
         yield from paths(predicate.item)
+
+
+def cost(predicate: Predicate) -> int:
+    """What evaluating the predicate on one row costs, in tests: one per comparison or
+    null test, one per value of an IN list, nothing for a constant (the unit of the query
+    cost budget, ARCHITECTURE.md §8)."""
+    if isinstance(predicate, Comparison | FieldComparison | IsNull):
+        return 1
+    if isinstance(predicate, In):
+        return max(1, len(predicate.values))
+    if isinstance(predicate, And | Or):
+        return sum(cost(item) for item in predicate.items)
+    if isinstance(predicate, Not):
+        return cost(predicate.item)
+    return 0

@@ -1,0 +1,284 @@
+"""Byte budgets: what one connection, and one node, may hold for its peers (ARCHITECTURE.md §7).
+
+Every bound a peer can push on is counted in bytes, has a documented default here
+(:class:`Bounds`) and a typed refusal (:class:`~mycelia.errors.Overloaded`):
+
+- **outgoing** (per connection): frames queued for the peer and not yet written. A pushed
+  update that does not fit cuts a slow consumer off at once; an answer waits for room, up
+  to :attr:`Bounds.stall_timeout`, then cuts it off.
+- **incoming** (per connection): bytes of requests read from the peer and not answered
+  yet. The reader stops reading while they are over the budget (and while
+  :attr:`Bounds.requests_in_flight` requests are), so the peer's own socket fills up.
+- **answers** (per node, :class:`Pool`): bytes of answers queued for all peers together.
+  An answer takes its bytes from the pool before it is encoded and gives them back once
+  written; while the pool is spent, answers wait their turn (first come, first served),
+  so many connections cannot each fill their own budget at once.
+
+Invariants: a budget never goes below zero; a single frame larger than a whole budget is
+still let through when nothing else is held (it is at most a frame), so a budget can
+delay but never wedge a connection; everything taken is given back when the frame is
+written or the connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "ANSWER_POOL_BYTES",
+    "DEFAULT_BOUNDS",
+    "INCOMING_BYTES",
+    "OUTGOING_BYTES",
+    "PAGE_BYTES",
+    "STALL_TIMEOUT",
+    "Bounds",
+    "Pool",
+]
+
+OUTGOING_BYTES: Final = 8 * 1024 * 1024
+"""Bytes queued for one peer before it counts as a slow consumer."""
+INCOMING_BYTES: Final = 16 * 1024 * 1024
+"""Bytes of one peer's requests read and not answered yet before its reader pauses."""
+ANSWER_POOL_BYTES: Final = 32 * 1024 * 1024
+"""Bytes of answers queued for all of a node's peers together."""
+PAGE_BYTES: Final = 1024 * 1024
+"""How much one page of a paged answer aims to carry (an entity larger than that travels
+alone in its page; no page exceeds the frame limit)."""
+STALL_TIMEOUT: Final = 10.0
+"""Seconds an answer may wait for room in a peer's outgoing budget *with nothing written
+to the peer meanwhile* before the peer is cut off as a slow consumer (a slow reader that
+makes progress is never cut off for waiting)."""
+REQUESTS_IN_FLIGHT: Final = 64
+"""Requests of one peer being answered at once (its reader pauses at this many)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bounds:
+    """The per-connection budgets (see the module docstring); defaults are the constants."""
+
+    outgoing_bytes: int = OUTGOING_BYTES
+    incoming_bytes: int = INCOMING_BYTES
+    requests_in_flight: int = REQUESTS_IN_FLIGHT
+    page_bytes: int = PAGE_BYTES
+    stall_timeout: float = STALL_TIMEOUT
+
+
+DEFAULT_BOUNDS: Final = Bounds()
+
+
+class Pool:
+    """A number of bytes shared by many takers, handed out first come, first served."""
+
+    def __init__(self, limit: int = ANSWER_POOL_BYTES) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def try_take(self, size: int) -> bool:
+        """Take ``size`` bytes if they fit now (or if nothing is held: one oversized
+        taker is let through) and nobody is waiting before us."""
+        if self._waiting or not self._fits(size):
+            return False
+        self.used += size
+        return True
+
+    async def take(self, size: int) -> None:
+        """Take ``size`` bytes, waiting for them in turn."""
+        if self.try_take(size):
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (size, turn)
+        self._waiting.append(entry)
+        try:
+            await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.give(size)  # granted just as we were cancelled: hand it on
+            else:
+                self._waiting.remove(entry)
+                self._grant()
+            raise
+
+    def give(self, size: int) -> None:
+        """Give back ``size`` bytes taken before (and let waiters in, in turn)."""
+        self.used = max(0, self.used - size)
+        self._grant()
+
+    def open_up(self) -> None:
+        """Let every waiter in now and from now on (the pool's owner is closing)."""
+        self.limit = 1 << 62
+        self._grant()
+
+    def _fits(self, size: int) -> bool:
+        return self.used == 0 or self.used + size <= self.limit
+
+    def _grant(self) -> None:
+        while self._waiting and self._fits(self._waiting[0][0]):
+            size, turn = self._waiting.popleft()
+            if not turn.done():
+                self.used += size
+                turn.set_result(None)
+
+
+class Outgoing:
+    """One connection's queue of frames to write, counted against its outgoing budget
+    and (for answers) the node's :class:`Pool`; see the module docstring."""
+
+    def __init__(self, budget: int, pool: Pool, *, max_frames: int = 1 << 30) -> None:
+        self._own = Pool(budget)
+        self._max_frames = max_frames
+        self._pool = pool
+        self._frames: deque[tuple[bytes, int, int]] = deque()
+        self._arrived = asyncio.Event()
+        self._closed = False
+        self._writing = 0
+        self.written_frames = 0
+        """Frames written so far (a waiting sender's measure of progress)."""
+
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes held for the peer now (queued, being written, or reserved)."""
+        return self._own.used
+
+    def stuck(self, written_before: int) -> bool:
+        """Whether frames are waiting for the peer and none was written since
+        :attr:`written_frames` was ``written_before`` (the peer is not reading; waiting
+        for the node's pool alone is not the peer's fault)."""
+        return self.written_frames == written_before and bool(self._frames or self._writing)
+
+    def offer(self, frame: bytes) -> bool:
+        """Queue ``frame`` if it fits the budget now; False if it does not (the caller
+        cuts the peer off). A closed queue drops it (True: nothing to do)."""
+        if self._closed:
+            return True
+        if len(self._frames) >= self._max_frames or not self._own.try_take(len(frame)):
+            return False
+        self._frames.append((frame, len(frame), 0))
+        self._arrived.set()
+        return True
+
+    def force(self, frame: bytes) -> None:
+        """Queue ``frame`` whatever the budget (this node's own requests: their callers
+        bound them), counting it."""
+        if self._closed:
+            return
+        self._own.used += len(frame)
+        self._frames.append((frame, len(frame), 0))
+        self._arrived.set()
+
+    async def reserve(self, size: int) -> None:
+        """Take ``size`` bytes of this connection's budget and of the node's pool ahead of
+        building a frame (give them to :meth:`put` as ``reserved``, or back with
+        :meth:`unreserve`)."""
+        await self._own.take(size)
+        try:
+            await self._pool.take(size)
+        except BaseException:
+            self._own.give(size)
+            raise
+
+    def unreserve(self, size: int) -> None:
+        """Give back bytes :meth:`reserve` took."""
+        self._own.give(size)
+        self._pool.give(size)
+
+    async def put(
+        self, size: int, encode: Callable[[], bytes], *, slot: list[int] | None = None
+    ) -> None:
+        """Wait until ``size`` bytes (an upper bound of the frame's) fit this connection's
+        budget and the node's pool, then queue ``encode()``: nothing is encoded before
+        there is room for it. ``slot[0]`` bytes taken before by :meth:`reserve` count
+        towards ``size``: once the room is there this takes them over (``slot[0]`` becomes
+        0); if it fails first, they stay in the slot for its owner to give back."""
+        held = slot[0] if slot is not None else 0
+        if size > held:
+            await self.reserve(size - held)
+        elif held > size:
+            self.unreserve(held - size)
+        if slot is not None:
+            slot[0] = 0  # in the same step as the reserve's end: nothing is lost between
+        try:
+            frame = None if self.closed() else encode()
+        except BaseException:
+            self.unreserve(size)
+            raise
+        if frame is None:
+            self.unreserve(size)
+            return
+        extra = max(0, len(frame) - size)  # an estimate that fell short: count it all
+        self._own.used += extra
+        self._pool.used += extra
+        self._frames.append((frame, size + extra, size + extra))
+        self._arrived.set()
+
+    async def get(self) -> tuple[bytes, int, int] | None:
+        """The next frame to write with what it holds (give it to :meth:`written` once
+        written), or None once closed."""
+        while not self._frames:
+            if self._closed:
+                return None
+            self._arrived.clear()
+            await self._arrived.wait()
+        self._writing += 1
+        return self._frames.popleft()
+
+    def written(self, item: tuple[bytes, int, int]) -> None:
+        """``item`` (from :meth:`get`) left: give back what it held."""
+        self._writing = max(0, self._writing - 1)
+        self.written_frames += 1
+        self._release(item)
+
+    def _release(self, item: tuple[bytes, int, int]) -> None:
+        _frame, own, pooled = item
+        self._own.give(own)
+        if pooled:
+            self._pool.give(pooled)
+
+    def close(self, *, drop: bool) -> None:
+        """No more frames: the writer ends after the queued ones (all dropped, with what
+        they held, if ``drop``)."""
+        self._closed = True
+        if drop:
+            while self._frames:
+                self._release(self._frames.popleft())
+        self._own.open_up()  # senders waiting for room wake, see the close, and give up
+        self._arrived.set()
+
+
+class InFlight:
+    """One connection's requests being answered: how many, and their frames' bytes. The
+    reader waits in :meth:`wait_room` while either is at its bound."""
+
+    def __init__(self, *, count: int, size: int) -> None:
+        self._max_count = count
+        self._max_size = size
+        self.count = 0
+        self.size = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    async def wait_room(self) -> None:
+        """Wait until another request may be read."""
+        await self._room.wait()
+
+    def add(self, size: int) -> None:
+        """A request of ``size`` bytes was read; it is answered later (:meth:`done`)."""
+        self.count += 1
+        self.size += size
+        if self.count >= self._max_count or self.size >= self._max_size:
+            self._room.clear()
+
+    def done(self, size: int) -> None:
+        """A request added with ``size`` was answered."""
+        self.count = max(0, self.count - 1)
+        self.size = max(0, self.size - size)
+        if self.count < self._max_count and self.size < self._max_size:
+            self._room.set()

@@ -1,0 +1,327 @@
+"""Bounds counted in bytes, connection limits and answers lost mid-way (issue 16, defects
+1 and 6), in-process: the budgets are small here so each test is short. The same attacks
+against a real ``mycelia serve`` at full size are ``tests/hostile/test_memory.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import mycelia
+from mycelia import Model, Node, Server
+from mycelia.entity import Entity, Residents
+from mycelia.entity.residents import resident_size
+from mycelia.errors import ConnectionClosed, Overloaded
+from mycelia.node.budget import Bounds, InFlight, Outgoing, Pool
+from mycelia.node.transport import Transport, memory_pair
+from mycelia.node.upstream import ConnectionState
+from mycelia.proto.messages import Message, decode_frame, peek
+from mycelia.proto.peering import DeltasPage, DeltasResponse, GetRequest, SubscribeRequest
+from mycelia.storage import LmdbStorage, MemoryStorage
+from mycelia.storage.lmdb import RECENT_BYTES
+from tests.hostile.serving import RawPeer
+
+KIB, MIB = 1024, 1024 * 1024
+
+
+class Blob(Model, collection="blobs"):
+    data: bytes
+    n: int = 0
+
+
+# -- the budgets themselves ------------------------------------------------------------------
+
+
+async def test_a_pool_hands_out_bytes_in_turn_and_lets_one_oversized_taker_through() -> None:
+    pool = Pool(100)
+    assert pool.try_take(60)
+    order: list[str] = []
+
+    async def take(name: str, size: int) -> None:
+        await pool.take(size)
+        order.append(name)
+
+    first = asyncio.ensure_future(take("first", 50))
+    second = asyncio.ensure_future(take("second", 10))  # would fit, but waits its turn
+    await asyncio.sleep(0)
+    assert order == []
+    pool.give(60)
+    await asyncio.gather(first, second)
+    assert order == ["first", "second"]
+    pool.give(60)
+    assert pool.used == 0
+    assert pool.try_take(500)  # larger than the whole pool, but nothing else is held
+
+
+async def test_an_outgoing_queue_counts_bytes_until_written() -> None:
+    out = Outgoing(100, Pool(1000), max_frames=10)
+    assert out.offer(b"x" * 60)
+    assert not out.offer(b"y" * 60)  # over the budget: the caller cuts the peer off
+    put = asyncio.ensure_future(out.put(50, lambda: b"z" * 50))
+    await asyncio.sleep(0)
+    assert not put.done()  # waits for room before even encoding
+    item = await out.get()
+    assert item is not None
+    out.written(item)
+    await put
+    assert out.queued_bytes == 50
+    out.close(drop=True)
+    assert out.queued_bytes == 0
+    assert await out.get() is None
+
+
+async def test_requests_in_flight_pause_the_reader_by_count_and_by_bytes() -> None:
+    flight = InFlight(count=2, size=100)
+    flight.add(80)
+    await asyncio.wait_for(flight.wait_room(), 1)
+    flight.add(30)  # 110 bytes: over
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(flight.wait_room(), 0.05)
+    flight.done(80)
+    await asyncio.wait_for(flight.wait_room(), 1)
+
+
+async def test_resident_entities_are_kept_within_their_bytes(node: Node) -> None:
+    """Defect 6: the caches held 1,024 entities whatever their size."""
+    ids = await blobs(node, 20, 900 * KIB)
+    residents = Residents(keep=1000, keep_bytes=8 * MIB)
+    held = []  # alive here: still resident (weakly), just not all kept strongly
+    for entity_id in ids:
+        stored = await node.storage.get_state(entity_id)
+        assert stored is not None
+        held.append(residents.put(Entity.from_state(stored)))
+    assert resident_size(held[0]) > 900 * KIB
+    assert residents.kept_bytes <= 8 * MIB
+    assert len(residents) == 20
+
+
+async def test_many_large_commits_keep_lmdb_s_recent_events_within_their_bytes(
+    tmp_path: Path,
+) -> None:
+    node = await Node.open(LmdbStorage(tmp_path / "data"), durable=True)
+    await node.create_system()
+    for _ in range(40):
+        async with node.context().transaction() as trx:
+            trx.create(Blob, data=os.urandom(900 * KIB))
+    storage = node.storage
+    assert isinstance(storage, LmdbStorage)
+    assert 0 < storage.cached_event_bytes <= RECENT_BYTES
+    await node.close()
+
+
+# -- a served node -------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[Node]:
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    yield node
+    await node.close()
+
+
+async def blobs(node: Node, count: int, size: int) -> list[mycelia.EntityId]:
+    ids = []
+    for _ in range(count):
+        async with node.context().transaction() as trx:
+            ids.append(trx.create(Blob, data=os.urandom(size)).id)
+    return ids
+
+
+async def served_connection(server: Server) -> object:
+    async with asyncio.timeout(10):
+        while not server.connections:  # noqa: ASYNC110 - a server has no event for it
+            await asyncio.sleep(0.01)
+    return next(iter(server.connections))
+
+
+async def test_a_subscriber_that_does_not_read_is_cut_off_by_bytes(node: Node) -> None:
+    server = await mycelia.serve(node, port=0, bounds=Bounds(outgoing_bytes=1 * MIB))
+    slow = await RawPeer.open(server.url, max_queue=1)
+    await slow.send(SubscribeRequest(slow.rid(), 1, "blobs", "", (), ()))
+    await slow.recv()
+    connection = await served_connection(server)
+    commits = 0
+    while getattr(connection, "error", None) is None and commits < 2000:
+        await blobs(node, 1, 64 * KIB)
+        commits += 1
+    assert isinstance(connection.error, Overloaded)  # type: ignore[attr-defined]
+    assert "slow consumer" in str(connection.error)  # type: ignore[attr-defined]
+    assert commits < 200  # cut off at about 1 MiB queued, not 4,096 frames
+    await server.close()
+
+
+async def test_unread_answers_wait_for_room_then_the_peer_is_cut_off(node: Node) -> None:
+    (entity,) = await blobs(node, 1, 900 * KIB)
+    bounds = Bounds(outgoing_bytes=2 * MIB, stall_timeout=0.5)
+    server = await mycelia.serve(node, port=0, bounds=bounds)
+    greedy = await RawPeer.open(server.url, max_queue=1)
+    for _ in range(300):
+        await greedy.send(GetRequest(greedy.rid(), (entity,)))
+    connection = await served_connection(server)
+    reader = await Node.open(MemoryStorage(), durable=False)
+    await mycelia.connect(reader, server.url)
+    await reader.wait_ready(timeout=10)
+    async with asyncio.timeout(20):
+        while getattr(connection, "error", None) is None:
+            started = time.monotonic()
+            assert (await reader.context().get(Blob, entity)).id == entity
+            assert time.monotonic() - started < 0.5  # the others are served meanwhile
+            assert node_pool_used(connection) <= 2 * MIB + 2 * MIB
+            await asyncio.sleep(0.05)
+    assert isinstance(connection.error, Overloaded)  # type: ignore[attr-defined]
+    await greedy.closed()
+    await reader.close()
+    await server.close()
+
+
+def node_pool_used(connection: object) -> int:
+    return connection._me.answers.used  # type: ignore[attr-defined,no-any-return]
+
+
+async def test_half_sent_frames_are_bounded_together_and_cut_off_in_time(node: Node) -> None:
+    server = await mycelia.serve(node, port=0, partial_bytes=4 * MIB, unfinished_timeout=1.0)
+    peers = [await RawPeer.open(server.url) for _ in range(10)]
+    header = b"\x82\xff" + (2 * MIB).to_bytes(8, "big") + b"\0\0\0\0"  # masked, key 0
+    for peer in peers:
+        peer.ws.transport.write(header + bytes(MIB))  # half of a 2 MiB frame
+    await asyncio.sleep(0.3)
+    # The rest wait in their sockets (each may hold one read, 256 KiB, past the budget).
+    assert server.partial.total <= 4 * MIB + 10 * 256 * KIB
+    for peer in peers:
+        code, reason = await peer.closed(timeout=10)
+        assert code in (1008, None), reason
+    assert server.partial.total == 0
+    await server.close()
+
+
+async def test_connections_beyond_the_limit_are_refused_with_overloaded(node: Node) -> None:
+    server = await mycelia.serve(node, port=0, max_connections=3)
+    held = [await RawPeer.open(server.url) for _ in range(3)]
+    extra = await RawPeer.open(server.url, handshake=False)
+    code, reason = await extra.closed()
+    assert code == 1013
+    assert reason.startswith("11006 Overloaded")
+    client = await Node.open(MemoryStorage(), durable=False)
+    connection = await mycelia.connect(client, server.url)
+    async with asyncio.timeout(10):
+        while not isinstance(connection.error, Overloaded):  # noqa: ASYNC110 - no event for it
+            await asyncio.sleep(0.02)
+    assert isinstance(connection.error, ConnectionClosed)
+    await held[0].close()
+    await client.wait_ready(timeout=10)  # room again: it gets in
+    await client.close()
+    for peer in held[1:]:
+        await peer.close()
+    await server.close()
+
+
+async def test_connections_from_one_address_are_limited(node: Node) -> None:
+    server = await mycelia.serve(node, port=0, max_connections_per_ip=2)
+    held = [await RawPeer.open(server.url) for _ in range(2)]
+    extra = await RawPeer.open(server.url, handshake=False)
+    code, reason = await extra.closed()
+    assert (code, reason.split(":")[0]) == (1013, "11006 Overloaded")
+    for peer in held:
+        await peer.close()
+    await server.close()
+
+
+# -- an answer lost mid-way ------------------------------------------------------------------
+
+
+class Cut:
+    """A server-side transport that closes the connection instead of sending the first
+    frame of a kind (once): an answer lost mid-way."""
+
+    def __init__(self, inner: Transport, tag: int, armed: list[bool]) -> None:
+        self._inner = inner
+        self._tag = tag
+        self._armed = armed
+
+    @property
+    def remote(self) -> str:
+        return self._inner.remote
+
+    async def send(self, frame: bytes) -> None:
+        if self._armed[0] and peek(frame)[0] == self._tag:
+            self._armed[0] = False
+            await self._inner.close()
+            raise ConnectionClosed("cut")
+        await self._inner.send(frame)
+
+    async def recv(self) -> bytes:
+        return await self._inner.recv()
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+@pytest.mark.parametrize("tag", [DeltasPage.TAG, DeltasResponse.TAG], ids=["page", "last"])
+async def test_a_client_that_loses_the_connection_mid_answer_raises(node: Node, tag: int) -> None:
+    """Defect 1: a closed connection was taken for "offline", so ``fetch`` returned no
+    rows and ``get`` said EntityNotFound, with the answer lost on the way."""
+    ids = await blobs(node, 3, 900 * KIB)
+    armed = [False]
+    tasks = []
+
+    async def dial() -> Transport:
+        near, far = memory_pair()
+        peer = node.accept(
+            Cut(far, tag, armed), request_timeout=10, handshake_timeout=10, outgoing_frames=4096
+        )
+        tasks.append(asyncio.ensure_future(peer.run()))
+        return near
+
+    client = await Node.open(MemoryStorage(), durable=False)
+    connection = client.attach(
+        dial,
+        token=None,
+        min_backoff=0.4,
+        max_backoff=0.5,
+        request_timeout=10,
+        rng=random.Random(1),
+    )
+    connection.start()
+    await client.wait_ready(timeout=10)
+    armed[0] = True
+    with pytest.raises(ConnectionClosed):
+        await (
+            client.context().fetch(Blob, "")
+            if tag == DeltasPage.TAG
+            else client.context().get(Blob, ids[0])
+        )
+    await connection.wait_state(ConnectionState.CONNECTING, timeout=10)
+    await client.wait_ready(timeout=10)  # it redialed; the next answer arrives whole
+    assert len(await client.context().fetch(Blob, "")) == 3
+    await client.close()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_pages_reach_a_real_client_whole(node: Node) -> None:
+    ids = await blobs(node, 6, 900 * KIB)
+    server = await mycelia.serve(node, port=0)
+    client = await Node.open(MemoryStorage(), durable=False)
+    await mycelia.connect(client, server.url)
+    await client.wait_ready(timeout=10)
+    assert sorted(v.id for v in await client.context().fetch(Blob, "")) == sorted(ids)
+    peer = await RawPeer.open(server.url)
+    rid = peer.rid()
+    await peer.send(GetRequest(rid, tuple(ids)))
+    frames: list[Message] = []
+    async with asyncio.timeout(10):
+        while not isinstance(frames[-1] if frames else None, DeltasResponse):
+            frames.append(decode_frame(await peer.ws.recv()))  # type: ignore[arg-type]
+    assert [type(f) for f in frames[:-1]] == [DeltasPage] * (len(frames) - 1)
+    assert len(frames) >= 5  # about a page per 900 KiB entity
+    await client.close()
+    await peer.close()
+    await server.close()
