@@ -29,7 +29,9 @@ and ``matches=False`` (with no data) when an entity leaves the query or may no l
 read. Before each push the peer's credentials are checked again: once they no longer
 admit it (an expired token), each of its standing queries ends with a
 :class:`SubscriptionEnded` carrying the error's code, and nothing more is pushed.
-Unsubscribing, or disconnecting, stops the pushes.
+Unsubscribing, or disconnecting, stops the pushes. A peer is not sent back its own commit:
+a change made only of events the peer committed, on the head this node believes it holds,
+pushes nothing to it (the head after it is noted as held); the other subscribers get it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -53,7 +63,7 @@ from mycelia.errors import (
 from mycelia.node.deltas import check_cost, delta_for, served_rows
 from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
 from mycelia.node.ports import Peer
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
 from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
@@ -142,6 +152,10 @@ class Responder:
         self._queues: dict[Peer, _Feed] = {}
         self._lanes: dict[Peer, asyncio.Lock] = {}
         """Each peer's lane for heavy queries (one at a time per connection)."""
+        self._authored: dict[Peer, set[EventId]] = {}
+        """The events of each peer's commits being written now (see :meth:`on_change`)."""
+        self._echoes: dict[Peer, set[tuple[EntityId, Clock]]] = {}
+        """Changes (entity, head after) made only of the peer's own events, not pushed yet."""
 
     async def handle(self, peer: Peer, msg: Message) -> Message:
         """The response to one request (raise a MyceliaError to answer with an error)."""
@@ -175,6 +189,7 @@ class Responder:
         """Drop everything held for a closed connection."""
         self._subscriptions.pop(peer, None)
         self._lanes.pop(peer, None)
+        self._echoes.pop(peer, None)
         feed = self._queues.pop(peer, None)
         if feed is not None:
             feed.close()
@@ -218,17 +233,22 @@ class Responder:
         """Apply a connection's commits in order: together if they all pass, else one by
         one (see the module docstring); one response per request, in order."""
         check = self._check(peer.credentials)
-        if len(requests) > 1:
-            try:
-                for request in requests:
-                    for event in request.events:
-                        check_not_reserved(event.collection)
-                await self._commit_remote([list(r.events) for r in requests], check)
-            except MyceliaError:
-                pass  # one of them is refused: find which, one by one
-            else:
-                return [Ack(r.request_id) for r in requests]
-        return [await self._commit_one(r, check) for r in requests]
+        authored = self._authored[peer] = {e.id for r in requests for e in r.events}
+        try:
+            if len(requests) > 1:
+                try:
+                    for request in requests:
+                        for event in request.events:
+                            check_not_reserved(event.collection)
+                    await self._commit_remote([list(r.events) for r in requests], check)
+                except MyceliaError:
+                    pass  # one of them is refused: find which, one by one
+                else:
+                    return [Ack(r.request_id) for r in requests]
+            return [await self._commit_one(r, check) for r in requests]
+        finally:
+            if self._authored.get(peer) is authored:
+                del self._authored[peer]
 
     async def _commit_one(self, request: CommitRequest, check: EventCheck) -> Message:
         try:
@@ -315,6 +335,13 @@ class Responder:
     def on_change(self, changes: list[EntityChange]) -> None:
         """Queue ``changes`` for every subscribed peer (a change listener of the node)."""
         size = _changes_size(changes)
+        for peer, authored in self._authored.items():
+            if peer in self._queues:
+                self._echoes.setdefault(peer, set()).update(
+                    (c.after.entity_id, c.after.head)
+                    for c in changes
+                    if c.events and all(e.id in authored for e in c.events)
+                )
         for peer, feed in self._queues.items():
             if self._subscriptions.get(peer) and not feed.offer(changes, size):
                 peer.cut_off(f"its subscriptions fell more than {FEED_BYTES} bytes behind")
@@ -329,12 +356,15 @@ class Responder:
         while (changes := await feed.get()) is not None:
             if not self._still_admitted(peer):
                 return
+            echoes = self._echoes.get(peer, set())
+            echoed = {id(c) for c in changes if (c.after.entity_id, c.after.head) in echoes}
             for standing in list(self._subscriptions.get(peer, {}).values()):
-                deltas = await self._update(standing, changes, peer)
+                deltas = await self._update(standing, changes, peer, echoed)
                 for chunk in _pages(deltas, peer.page_bytes):
                     if standing.query_id not in self._subscriptions.get(peer, {}):
                         break
                     peer.push(SubscriptionUpdate(standing.query_id, tuple(chunk)))
+            echoes.difference_update((c.after.entity_id, c.after.head) for c in changes)
 
     def _still_admitted(self, peer: Peer) -> bool:
         """Whether the peer's credentials still admit it (checked before every push); if
@@ -351,7 +381,11 @@ class Responder:
         return True
 
     async def _update(
-        self, standing: _Standing, changes: list[EntityChange], peer: Peer
+        self,
+        standing: _Standing,
+        changes: list[EntityChange],
+        peer: Peer,
+        echoed: Collection[int],
     ) -> list[Delta]:
         """The deltas a batch of changes means for one standing query.
 
@@ -371,7 +405,9 @@ class Responder:
             member = self._member(standing, change.after)
             if entity_id not in standing.sent and ranked is not None and entity_id not in ranked:
                 member = False  # a match outside the LIMIT: nothing the peer needs yet
-            delta = await self._delta_for_change(standing, change, member=member)
+            delta = await self._delta_for_change(
+                standing, change, member=member, echo=id(change) in echoed
+            )
             if delta is not None:
                 deltas.append(delta)
         if ranked is not None:
@@ -401,11 +437,16 @@ class Responder:
         return deltas
 
     async def _delta_for_change(
-        self, standing: _Standing, change: EntityChange, *, member: bool
+        self, standing: _Standing, change: EntityChange, *, member: bool, echo: bool = False
     ) -> Delta | None:
         entity_id = change.after.entity_id
         held = standing.sent.get(entity_id)
         if not member and held is None:
+            return None
+        if echo and member and (held or Clock()) == change.before.head:
+            # The peer's own commit on the head it holds (or its own create): it holds the
+            # head after it too (its events, on what it held), and it shows the entity.
+            standing.sent[entity_id] = change.after.head
             return None
         delta: Delta | None
         if not member and not self._policy.can_read(standing.credentials, change.after):
