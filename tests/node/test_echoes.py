@@ -3,11 +3,6 @@ get them, and the committer's next update, from someone else, carries only what 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-
-import mycelia
 from mycelia import Model, Node, Server
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
@@ -25,16 +20,6 @@ class Album(Model, collection="albums"):
     name: str
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[Node, Server]]:
-    node = await Node.open(MemoryStorage(), durable=True)
-    await node.create_system()
-    server = await mycelia.serve(node, port=0)
-    yield node, server
-    await server.close()
-    await node.close()
-
-
 async def _subscribed(url: str) -> RawPeer:
     peer = await RawPeer.open(url)
     await peer.send(SubscribeRequest(peer.rid(), 1, "albums", "", (), ()))
@@ -47,9 +32,9 @@ def _update(msg: Message) -> bool:
 
 
 async def test_a_committer_gets_acks_and_the_others_get_the_events(
-    served: tuple[Node, Server],
+    server: tuple[Node, Server],
 ) -> None:
-    node, server = served
+    node, running = server
     author = await Node.open(MemoryStorage(), durable=True)  # makes the events, offline
     await author.join_system(await node.system_events())
     async with author.context().transaction() as trx:
@@ -58,7 +43,7 @@ async def test_a_committer_gets_acks_and_the_others_get_the_events(
         async with author.context().transaction() as trx:
             (await trx.edit(Album, album.id)).name = f"v{n}"
     events = [e.event for e in await author.storage.events_of(album.id)]
-    committer, watcher = await _subscribed(server.url), await _subscribed(server.url)
+    committer, watcher = await _subscribed(running.url), await _subscribed(running.url)
     for event in events:  # one commit each, pipelined
         await committer.send(CommitRequest(committer.rid(), (event,)))
     last = events[-1].id
