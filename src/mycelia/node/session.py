@@ -194,8 +194,8 @@ class PeerSession:
             raise InvalidMessage("not a frame of this protocol (no known message tag)")
         handler = TRANSITIONS.get((self.state, kind))
         if handler is None:
-            self.state = SessionState.CLOSED
-            raise RemoteProtocolError(f"{kind.__name__} is not allowed while {self.state.value}")
+            state, self.state = self.state, SessionState.CLOSED
+            raise RemoteProtocolError(f"{kind.__name__} is not allowed while {state.value}")
         try:
             msg = decode_frame(frame, limits=self._limits)
         except PayloadTooLarge as exc:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import deque
 from collections.abc import Callable
 from typing import Final
 
@@ -82,6 +83,8 @@ class Stream:
         self.server = _End(self, 1)
         self.closed = False
         self._last = [0.0, 0.0]  # arrival time of the last frame each way
+        self._on_the_way: tuple[deque[bytes], deque[bytes]] = (deque(), deque())
+        """Frames sent each way and not arrived yet, oldest first."""
 
     def carry(self, side: int, frame: bytes) -> None:
         """Draw one frame's fate and schedule its arrival at the other end."""
@@ -100,13 +103,16 @@ class Stream:
         links.trace.record("frame", now, self.number, src, dst, at, frame)
         links.count("frames")
         links.in_flight += 1
-        inbox = (self.server if side == 0 else self.client).inbox
-        asyncio.get_running_loop().call_at(at, self._arrive, inbox, frame)
+        self._on_the_way[side].append(frame)
+        asyncio.get_running_loop().call_at(at, self._arrive, side)
 
-    def _arrive(self, inbox: asyncio.Queue[bytes], frame: bytes) -> None:
+    def _arrive(self, side: int) -> None:
+        """One frame sent from ``side`` arrives: the oldest on its way. (Timers due at the
+        same tick may fire in any order; the frames still arrive in the order sent.)"""
         self._links.in_flight -= 1
+        frame = self._on_the_way[side].popleft()
         if not self.closed:
-            inbox.put_nowait(frame)
+            (self.server if side == 0 else self.client).inbox.put_nowait(frame)
 
     def reset(self, reason: str) -> None:
         """Close both ends now; frames still on the way are lost."""
