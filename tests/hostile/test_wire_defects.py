@@ -46,7 +46,7 @@ from mycelia.proto.peering import (
     SubscriptionUpdate,
 )
 from mycelia.storage import MemoryStorage
-from tests.hostile.serving import RawPeer, Served, issuer_file, start
+from tests.hostile.serving import RawPeer, Served, decode_bomb, issuer_file, start
 
 MIB = 1024 * 1024
 PAGE_TYPES = tuple(PAGES.values())
@@ -288,13 +288,6 @@ async def test_a_real_client_still_connects(served: Served) -> None:
 # -- 5: decode amplification before the handshake ---------------------------------------
 
 
-def empty_arrays(size: int) -> bytes:
-    """A Presence-tagged frame of ``size`` bytes: nested empty arrays, one per byte."""
-    inner = b"\xdc" + (400).to_bytes(2, "big") + b"\x90" * 400
-    count = size // len(inner)
-    return b"\x92\x01\xdc" + count.to_bytes(2, "big") + inner * count
-
-
 async def _send_and_drain(ws: ClientConnection, frame: bytes) -> None:
     await ws.send(frame)
     async with asyncio.timeout(10):
@@ -312,7 +305,7 @@ async def test_a_decode_bomb_before_the_handshake_costs_the_server_nothing(
     server = await start(tmp_path / "data", *(["--deflate"] if deflate else []))
     try:
         before, cpu = server.rss(), server.cpu()
-        bomb = empty_arrays(4 * MIB)
+        bomb = decode_bomb(4 * MIB)
         for _ in range(3):
             ws = await ws_connect(
                 server.url, max_size=None, compression="deflate" if deflate else None
