@@ -6,7 +6,10 @@ concurrent branch into an entity with 100,000 events of history ≤ 10 ms; the
 automerge-paper trace (259,778 ops) through ``Text`` in transactions of 100 ops within 3x
 of replaying it in bare pycrdt.
 
-Run: ``python -m benches.bench_entity`` (``--quick`` skips the full trace)
+Issue 13 adds: a one-character transaction on a 120,000-char text (built by many small
+inserts, as editing does) within 1.5x of one on a 1,000-char text.
+
+Run: ``python -m benches.bench_entity`` (``--quick``: 20,000 chars and 20,000 trace ops)
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,7 +31,7 @@ from benches.harness import Table, fmt_time, verdict
 from mycelia import Model, Node, Text
 from mycelia.entity.backends.lww import encode_diff
 from mycelia.entity.values import encode_value
-from mycelia.proto import Clock, Event
+from mycelia.proto import Clock, EntityId, Event
 from mycelia.storage import MemoryStorage
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "automerge-paper.json.gz"
@@ -123,6 +128,49 @@ async def merge_time(history: int) -> float:
     return sorted(times)[2]
 
 
+def concurrent_writes(root_node: Node, count: int, tag: int) -> tuple[Event, list[Event]]:
+    """A genesis and ``count`` events made concurrently on it, each setting one key (the
+    crdt-benchmarks B3.1 shape: every writer saw only the genesis)."""
+    assert root_node.system_root is not None
+    genesis = Event.genesis(
+        collection="counters",
+        system=root_node.system_root,
+        operations={"lww": [encode_diff({"n": encode_value(0)})]},
+        nonce=tag.to_bytes(16, "big"),
+    )
+    parent = Clock([genesis.id])
+    events = [
+        Event.update(
+            entity_id=genesis.entity_id,
+            collection="counters",
+            parent=parent,
+            operations={"lww": [encode_diff({"n": encode_value(i)})]},
+        )
+        for i in range(count)
+    ]
+    return genesis, events
+
+
+async def wide_head_ingest(
+    widths: tuple[int, ...], *, extra: int = 50, rounds: int = 5
+) -> dict[int, float]:
+    """Median seconds to ingest one concurrent event, one at a time, against a head already
+    ``width`` wide (the next ``extra`` writers), per width, interleaved."""
+    source = await fresh_node()
+    samples: dict[int, list[float]] = {w: [] for w in widths}
+    for r in range(rounds):
+        for width in widths:
+            genesis, events = concurrent_writes(source, width + extra, tag=r * 10_000 + width)
+            node = await Node.open(MemoryStorage(), durable=True)
+            await node.join_system(await source.system_events())
+            await node.ingest([genesis, *events[:width]])
+            start = time.perf_counter()
+            for event in events[width:]:
+                await node.ingest([event])
+            samples[width].append((time.perf_counter() - start) / extra)
+    return {w: statistics.median(v) for w, v in samples.items()}
+
+
 def load_trace() -> list[tuple[int, int, str]]:
     with gzip.open(TRACE) as f:
         data = json.loads(f.read())
@@ -160,6 +208,89 @@ async def mycelia_replay(ops: list[tuple[int, int, str]], per_txn: int) -> tuple
     return elapsed, str((await ctx.get(Doc1, entity_id)).body)
 
 
+def build_ops(length: int, seed: int, *, typist: bool) -> list[tuple[int, str]]:
+    """Small inserts (1-10 chars) that grow a text to ``length`` characters: at random
+    places, or (``typist``) at a cursor that jumps to a random place 2% of the time."""
+    rng = random.Random(seed)
+    ops: list[tuple[int, str]] = []
+    size = cursor = 0
+    while size < length:
+        if not typist or rng.random() < 0.02:
+            cursor = rng.randint(0, size)
+        piece = "abcdefghij"[: rng.randint(1, 10)]
+        ops.append((cursor, piece))
+        size += len(piece)
+        cursor += len(piece)
+    return ops
+
+
+async def text_node(ops: list[tuple[int, str]]) -> tuple[Node, EntityId]:
+    """A node holding one text built by ``ops``, 100 per transaction (one big insert would
+    be one Yrs block and hide what editing costs)."""
+    node = await fresh_node()
+    ctx = node.context()
+    async with ctx.transaction() as trx:
+        entity_id = trx.create(Doc1, body="").id
+    for i in range(0, len(ops), 100):
+        async with ctx.transaction() as trx:
+            body = (await trx.edit(Doc1, entity_id)).body
+            for pos, piece in ops[i : i + 100]:
+                body.insert(pos, piece)
+    return node, entity_id
+
+
+def bare_doc(ops: list[tuple[int, str]]) -> YText:
+    doc: Doc[Any] = Doc()
+    text: YText = doc.get("t", type=YText)
+    for pos, piece in ops:
+        text.insert(pos, piece)
+    return text
+
+
+def spots(size: int, count: int, seed: int, *, typist: bool) -> list[int]:
+    """Where the one-char edits go: random places, or typing on from one random place."""
+    rng = random.Random(seed)
+    if typist:
+        start = rng.randint(0, size)
+        return [start + i for i in range(count)]
+    return [rng.randint(0, size + i) for i in range(count)]
+
+
+async def one_char_txns(node: Node, entity_id: EntityId, where: list[int]) -> float:
+    """Seconds per one-character transaction (an insert at each of ``where``)."""
+    ctx = node.context()
+    start = time.perf_counter()
+    for pos in where:
+        async with ctx.transaction() as trx:
+            (await trx.edit(Doc1, entity_id)).body.insert(pos, "x")
+    return (time.perf_counter() - start) / len(where)
+
+
+def bare_inserts(text: YText, where: list[int]) -> float:
+    start = time.perf_counter()
+    for pos in where:
+        text.insert(pos, "x")
+    return (time.perf_counter() - start) / len(where)
+
+
+async def one_char_costs(
+    long: int, *, typist: bool, rounds: int = 7, count: int = 100
+) -> dict[tuple[str, int], float]:
+    """Median seconds per one-char transaction (``"txn"``) and per bare pycrdt insert into
+    a document built the same way (``"bare"``), on 1,000 and ``long`` chars, interleaved."""
+    built = {n: build_ops(n, n, typist=typist) for n in (1_000, long)}
+    nodes = {n: await text_node(ops) for n, ops in built.items()}
+    bares = {n: bare_doc(ops) for n, ops in built.items()}
+    samples: dict[tuple[str, int], list[float]] = {}
+    for r in range(rounds):
+        for n, (node, entity_id) in nodes.items():
+            size = len(str((await node.context().get(Doc1, entity_id)).body))
+            where = spots(size, count, r, typist=typist)
+            samples.setdefault(("txn", n), []).append(await one_char_txns(node, entity_id, where))
+            samples.setdefault(("bare", n), []).append(bare_inserts(bares[n], where))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 async def run(quick: bool) -> None:
     rows = []
     rate = max([await sequential_commits(3000) for _ in range(3)])
@@ -180,6 +311,16 @@ async def run(quick: bool) -> None:
             verdict(rate >= 50_000),
         ]
     )
+    wide = await wide_head_ingest((50, 1_000))
+    ratio = wide[1_000] / wide[50]
+    rows.append(
+        [
+            "ingest one concurrent event, head width 1,000 vs 50",
+            f"{fmt_time(wide[1_000])} vs {fmt_time(wide[50])}",
+            "≤ 1.5x",
+            verdict(ratio <= 1.5) + f" ({ratio:.2f}x)",
+        ]
+    )
     for history in (100, 100_000):
         t = await merge_time(history)
         rows.append(
@@ -188,6 +329,24 @@ async def run(quick: bool) -> None:
                 fmt_time(t),
                 "≤ 10 ms",
                 verdict(t <= 0.01),
+            ]
+        )
+    long = 20_000 if quick else 120_000
+    for typist in (False, True):
+        costs = await one_char_costs(long, typist=typist)
+        txn, bare = costs[("txn", long)] / costs[("txn", 1_000)], costs[("bare", long)]
+        own = (costs[("txn", long)] - bare) / (costs[("txn", 1_000)] - costs[("bare", 1_000)])
+        how = "typed at a cursor" if typist else "inserted at random places"
+        rows.append(
+            [
+                f"one-char txn, {long:,} vs 1,000 chars {how}",
+                (
+                    f"{fmt_time(costs[('txn', long)])} vs {fmt_time(costs[('txn', 1_000)])}; "
+                    f"bare pycrdt insert {fmt_time(bare)} vs {fmt_time(costs[('bare', 1_000)])}; "
+                    f"without it {own:.2f}x"
+                ),
+                "≤ 1.5x",
+                verdict(txn <= 1.5) + f" ({txn:.2f}x)",
             ]
         )
     ops = load_trace()

@@ -20,10 +20,12 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     │   ├── Disjoint               two clocks share no history (different genesis)
     │   └── PendingLimit           too many events wait for missing parents
     ├── SystemError_               the node's system (root) is missing or is another one
-    │   ├── SystemNotReady         no system root yet: create_system() or join_system()
+    │   ├── SystemNotReady         no system root yet: create_system() or join_system() (a
+    │   │                          client: connect once to a server to join its system)
     │   ├── ForeignSystem          events belong to another system
     │   └── ForeignNode            data belongs to another node (another node key)
-    ├── PolicyDenied               the policy agent refused an operation
+    ├── PolicyDenied               the policy agent refused an operation (here, or the peer's
+    │                              at the handshake: the client then stops retrying)
     ├── StorageError               the storage engine failed (backend error chained)
     │   ├── StorageLocked          another process holds the store
     │   ├── StorageReadOnly        the store cannot be written
@@ -33,13 +35,18 @@ Catch :class:`MyceliaError` to catch everything; catch a branch to handle one fa
     │   ├── TransactionClosed      a transaction was used after commit or rollback
     │   └── CommitReverted         a local commit was undone: it was built on one the
     │                              durable peer refused, or its entity was reverted under it
-    ├── QueryError                 a query could not be parsed or evaluated (column given)
+    ├── QueryError                 a query could not be parsed or evaluated (column given), or
+    │   │                          names a field its model lacks, or a value of the wrong type
     │   └── QueryTooExpensive      a query is beyond the cost budget (terms, work)
+    ├── UsageError                 the API was used out of order (also a RuntimeError)
+    │   └── NodeClosed             the node was closed: every call on it or its contexts raises
     └── ProtocolError              the peering protocol failed
         ├── LocalProtocolError     this side was asked to do something the protocol forbids
         ├── RemoteProtocolError    the peer sent something the protocol forbids
         │   └── PresenceRejected   the peer's Presence was refused (version, key, system)
         ├── RequestTimeout         a request got no answer in time
+        ├── ConnectTimeout         wait_ready gave up (also a TimeoutError): names the state
+        │                          and the last cause (refused, DNS, TLS, version, handshake)
         ├── RemoteError            the peer answered a request with an error
         ├── ConnectionClosed       the connection closed before the operation finished
         │   └── NotConnected       there was no open connection: nothing was asked
@@ -69,6 +76,7 @@ __all__ = [
     "BudgetExceeded",
     "CommitReverted",
     "ConfigError",
+    "ConnectTimeout",
     "ConnectionClosed",
     "DecodeError",
     "Disjoint",
@@ -84,6 +92,7 @@ __all__ = [
     "LineageError",
     "LocalProtocolError",
     "MyceliaError",
+    "NodeClosed",
     "NotConnected",
     "Overloaded",
     "PayloadTooLarge",
@@ -106,6 +115,7 @@ __all__ = [
     "SystemNotReady",
     "TransactionClosed",
     "TransactionError",
+    "UsageError",
     "closed_by_peer",
     "code_of",
     "error_class",
@@ -194,7 +204,9 @@ class SystemError_(MyceliaError):  # noqa: N801 - trailing underscore avoids the
 
 
 class SystemNotReady(SystemError_):
-    """This node has no system root yet: call ``create_system()`` or ``join_system()``."""
+    """This node has no system root yet: a durable node calls ``create_system()`` or
+    ``join_system()``; a client connects once to a server to join its system (or, to work
+    offline from its first run, calls ``join_system()`` with the system's root events)."""
 
 
 class ForeignSystem(SystemError_):
@@ -264,6 +276,16 @@ class QueryTooExpensive(QueryError):
     query may take (ARCHITECTURE.md §8). Narrow it (an indexed condition, fewer ORs)."""
 
 
+class UsageError(MyceliaError, RuntimeError):
+    """The API was used in an order it does not allow (a live query iterated outside its
+    ``async with``); the message says what to do instead."""
+
+
+class NodeClosed(UsageError):
+    """The node was closed (``node.close()``): it, its contexts, transactions and live
+    queries answer nothing more. Open the store again with ``Node.open``."""
+
+
 class ProtocolError(MyceliaError):
     """The peering protocol failed."""
 
@@ -282,6 +304,21 @@ class PresenceRejected(RemoteProtocolError):
 
 class RequestTimeout(ProtocolError):
     """A request to a peer got no answer within its timeout."""
+
+
+class ConnectTimeout(ProtocolError, TimeoutError):
+    """``wait_ready(timeout=...)`` gave up before the durable peer was ready.
+
+    The message names the connection's state and the last attempt's cause (connection
+    refused, DNS, TLS, protocol version, handshake); ``state`` is the
+    :class:`~mycelia.node.upstream.ConnectionState` value and ``cause`` the last error (also
+    chained as ``__cause__``). The connection keeps trying after it is raised.
+    """
+
+    def __init__(self, message: str, *, state: str, cause: BaseException | None) -> None:
+        super().__init__(message)
+        self.state = state
+        self.cause = cause
 
 
 class RemoteError(ProtocolError):
@@ -345,11 +382,14 @@ CODES: Final[Mapping[type[MyceliaError], int]] = MappingProxyType(
         CommitReverted: 10802,
         QueryError: 109,
         QueryTooExpensive: 10901,
+        UsageError: 111,
+        NodeClosed: 11101,
         ProtocolError: 110,
         LocalProtocolError: 11001,
         RemoteProtocolError: 11002,
         PresenceRejected: 1100201,
         RequestTimeout: 11003,
+        ConnectTimeout: 11007,
         RemoteError: 11004,
         ConnectionClosed: 11005,
         NotConnected: 1100501,

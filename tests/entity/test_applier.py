@@ -7,6 +7,7 @@ test is built directly, as the node's composition root builds it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -39,12 +40,12 @@ async def _server() -> Node:
     return node
 
 
-async def _note(node: Node, **values: object) -> EntityId:
+async def _note(node: Node, **values: Any) -> EntityId:
     async with node.context().transaction() as trx:
         return trx.create(Note, **values).id
 
 
-async def _edit(node: Node, entity_id: EntityId, **values: object) -> None:
+async def _edit(node: Node, entity_id: EntityId, **values: Any) -> None:
     async with node.context().transaction() as trx:
         handle = await trx.edit(Note, entity_id)
         for name, value in values.items():
@@ -92,7 +93,7 @@ async def _holding(
     return state, held, applier.base(held)
 
 
-def _update(entity_id: EntityId, parent: Clock, **values: object) -> Event:
+def _update(entity_id: EntityId, parent: Clock, **values: Any) -> Event:
     """An update setting LWW ``values`` on ``parent`` (as a transaction's fork would)."""
     draft = Entity.empty(entity_id, "notes")
     for name, value in values.items():

@@ -28,9 +28,9 @@ T = TypeVar("T")
 
 
 class Note(Model, collection="notes"):
-    title: str | None
-    rank: int | None
-    body: Text
+    title: str | None = None
+    rank: int | None = None
+    body: Text = Text()
 
 
 class Convergence(RuleBasedStateMachine):

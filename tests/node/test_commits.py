@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ from tests.node.conftest import NodeFactory
 class Doc(Model, collection="docs"):
     title: str
     n: int = 0
-    body: Text
+    body: Text = Text()
 
 
 class RefusesTitle(PermissiveAgent):
@@ -74,7 +75,7 @@ async def client_of(server: InProcessServer) -> Node:
     return node
 
 
-async def create(node: Node, **values: object) -> EntityId:
+async def create(node: Node, **values: Any) -> EntityId:
     async with node.context().transaction() as trx:
         return trx.create(Doc, **values).id
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+from typing import Any
 
 import pytest
 
@@ -22,7 +24,7 @@ class Album(Model, collection="albums"):
     year: int
 
 
-async def create(node: Node, **values: object) -> mycelia.EntityId:
+async def create(node: Node, **values: Any) -> mycelia.EntityId:
     async with node.context().transaction() as trx:
         return trx.create(Album, **values).id
 
@@ -256,3 +258,14 @@ async def test_a_durable_client_takes_no_head_on_the_servers_word(
         )
     finally:
         await durable.close()
+
+
+async def test_the_server_sends_each_frame_at_once(
+    server: tuple[Node, Server], client: NodeFactory
+) -> None:
+    """No Nagle delay on served connections: with it, an answer queued behind a pushed
+    update waited for the client's delayed ACK (40 ms a commit with a live query open)."""
+    await client()
+    (connection,) = server[1]._ws.connections  # type: ignore[union-attr]  # the one client
+    sock = connection.transport.get_extra_info("socket")
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

@@ -10,6 +10,8 @@ end up confirmed, as one chain.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -66,9 +68,10 @@ async def test_a_kill_midway_loses_no_confirmed_commit_and_the_rest_are_pushed_a
         transactions.append(trx)
     confirmed = [asyncio.ensure_future(t.confirmed()) for t in transactions]
     await asyncio.wait_for(confirmed[COMMITS // 4], 60)  # a quarter confirmed at least...
-    server.kill()  # ... then SIGKILL, mid-stream
-    await server.wait()
+    os.kill(server.pid, signal.SIGSTOP)  # ... then it stops dead, mid-stream however fast
     before_kill = [i for i, c in enumerate(confirmed) if c.done()]
+    server.kill()  # SIGKILL, stopped
+    await server.wait()
     assert len(before_kill) < COMMITS, "everything was confirmed before the kill"
     server = await _serve(data, port)
     try:

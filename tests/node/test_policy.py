@@ -78,8 +78,9 @@ async def test_no_token_reads_and_writes_nothing_and_an_expired_one_is_refused()
     clock.now = 1_600
     late = await Node.open(MemoryStorage(), durable=False)
     connection = await mycelia.connect(late, f"ws://127.0.0.1:{server.port}", token=token)
-    with pytest.raises(TimeoutError):
-        await connection.wait_ready(timeout=1)  # refused at connect, every attempt
+    with pytest.raises(PolicyDenied, match="token of 'bob' expired"):
+        await connection.wait_ready(timeout=10)  # refused at connect: it stops retrying
+    assert connection.state is mycelia.ConnectionState.CLOSED
     await late.close()
     await server.close()
 

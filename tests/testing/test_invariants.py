@@ -163,3 +163,32 @@ async def test_an_entity_of_another_system_is_foreign() -> None:
     await a[0].storage.write(WriteBatch(events=tuple(events), states=(stored,)))  # smuggled in
     with pytest.raises(ForeignEntity, match="created in system"):
         await check_system_membership(a)
+
+
+async def test_caches_are_compared_by_the_head_they_hold() -> None:
+    """A cache stores states and no events: two at different heads may only lag (after
+    quiescence that is Unconverged), two at one head must hold the same bytes."""
+    (a,) = await _nodes(1)
+    async with a.context().transaction() as trx:
+        note = trx.create(Note, title="x", rank=1)
+    older = await _stored(a, note.id)
+    async with a.context().transaction() as trx:
+        (await trx.edit(Note, note.id)).rank = 2
+    newer = await _stored(a, note.id)
+    lagging, current, forged = [await Node.open(MemoryStorage(), durable=False) for _ in range(3)]
+    await lagging.storage.write(WriteBatch(states=(older,)))
+    await current.storage.write(WriteBatch(states=(newer,)))
+    caches = {"lagging": lagging, "current": current}
+    await check_convergence(caches)  # one lags: no claim yet
+    with pytest.raises(Unconverged, match="rank: 1 \\(lagging\\) vs 2 \\(current\\)"):
+        await check_convergence(caches, complete=True)
+    wrong = EntityState(
+        note.id,
+        "notes",
+        State.of(
+            head=newer.state.state.head_generations(), buffers=dict(older.state.state.buffers)
+        ),
+    )
+    await forged.storage.write(WriteBatch(states=(replace(newer, state=wrong),)))
+    with pytest.raises(Divergence, match=r"hold the same head .* but differ: rank: 2"):
+        await check_convergence({"current": current, "forged": forged})

@@ -35,7 +35,7 @@ class Note(Model, collection="notes"):
 
 
 class Link(Model, collection="links"):
-    weight: float | None
+    weight: float | None = None
 
 
 async def _fork() -> tuple[Node, Node, Note]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,7 +95,7 @@ def _expected(
 @settings(max_examples=30)
 @given(values=model_values(Album), script=edit_scripts(Album))
 def test_drawn_values_and_edit_scripts_commit_what_they_say(
-    values: dict[str, object], script: tuple[EditStep, ...]
+    values: dict[str, Any], script: tuple[EditStep, ...]
 ) -> None:
     async def go() -> None:
         node = await _node()
@@ -115,7 +116,8 @@ def test_seeded_values_and_edits_always_commit_what_they_say() -> None:
     async def go() -> None:
         node = await _node()
         rng = random.Random(5)
-        for model in (Album, SimNote, SimLink):
+        models: tuple[type[Model], ...] = (Album, SimNote, SimLink)
+        for model in models:
             for _ in range(30):
                 values = random_values(model, rng)
                 script = tuple(random_edit(model, rng) for _ in range(3))

@@ -8,7 +8,10 @@ Invariants:
   data directory created by this command is removed again if the command fails before
   it is in use (:meth:`Opened.discard`).
 - ``inspect`` and ``dump`` never create a store: a path with no store is a mistake.
-- Data (``dump``) goes to stdout or a file; progress and messages to stderr.
+- Data (``dump``) goes to stdout or a file, never to a terminal (binary msgpack would only
+  garble it); progress and messages go to stderr: a bar on a terminal, plain lines every
+  few seconds otherwise (:mod:`mycelia.node.progress`), and one closing line.
+- Ids print in one format everywhere: unpadded URL-safe base64 (``str(EntityId)``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +36,8 @@ from mycelia.errors import (
     StorageLocked,
     StorageNotFound,
 )
+from mycelia.node.progress import Progress
+from mycelia.proto import EntityId
 from mycelia.storage import StorageEngine
 from mycelia.storage.dump import DumpProgress, dump_to, load_from
 
@@ -198,7 +204,7 @@ async def inspect_command(args: argparse.Namespace) -> int:
         key = await storage.get_meta(KEY_META)
         root = await storage.get_meta(ROOT_KEY)
         print(f"node id       {NodeKey.from_private_bytes(key).node_id if key else '(none yet)'}")
-        print(f"system root   {root.hex() if root else '(none yet)'}")
+        print(f"system root   {EntityId(root) if root else '(none yet)'}")
         print(f"feed offset   {await storage.last_offset()}")
         collections: set[str] = set()
         offset = 0
@@ -214,31 +220,46 @@ async def inspect_command(args: argparse.Namespace) -> int:
 
 async def dump_command(args: argparse.Namespace) -> int:
     """``mycelia dump``: stream a store to a file."""
+    if args.out == "-" and sys.stdout.isatty():
+        raise ConfigError(
+            "refusing to write a binary dump to the terminal: name a file "
+            "(mycelia dump DATA out.dump) or redirect stdout (mycelia dump DATA > out.dump)"
+        )
     storage = (await open_storage(args.data, args.postgres, create=False)).storage
+    progress = Progress.on(sys.stderr, "dumping", unit="entities")
     try:
         with _output(args.out) as out:
             done = await dump_to(
-                storage, out, progress=_progress("dumped"), ephemeral=args.ephemeral
+                storage, out, progress=_reporter(progress), ephemeral=args.ephemeral
             )
+    except BaseException:
+        progress.close("dump failed")
+        raise
     finally:
         await storage.close()
-    print(f"\ndumped {done.entities} entities, {done.events} events", file=sys.stderr)
+    progress.close(f"dumped {done.entities} entities, {done.events} events")
     return 0
 
 
 async def load_command(args: argparse.Namespace) -> int:
     """``mycelia load``: load a dump into a store."""
-    with _input(args.file) as source:  # before the store: a missing file creates nothing
+    with _input(args.file) as raw:  # before the store: a missing file creates nothing
+        source = _Counted(raw)
         opened = await open_storage(args.data, args.postgres, create=True)
+        progress = Progress.on(sys.stderr, "checking", unit="bytes", total=_size(raw))
         try:
             done = await load_from(
-                source, opened.storage, progress=_progress("checked"), durable=not args.ephemeral
+                source,  # type: ignore[arg-type]  # reads only; IO's other methods unused
+                opened.storage,
+                progress=_reporter(progress, read=source),
+                durable=not args.ephemeral,
             )
         except BaseException:
+            progress.close("load failed: nothing was loaded")
             await opened.discard()
             raise
         await opened.storage.close()
-    print(f"\nloaded {done.entities} entities, {done.events} events", file=sys.stderr)
+    progress.close(f"loaded {done.entities} entities, {done.events} events")
     return 0
 
 
@@ -272,16 +293,39 @@ def _input(name: str) -> Iterator[IO[bytes]]:
         yield f
 
 
-def _progress(verb: str) -> Callable[[DumpProgress], None]:
-    """A one-line progress bar on stderr (entities, events, bytes)."""
+def _reporter(
+    progress: Progress, *, read: _Counted | None = None
+) -> Callable[[DumpProgress], None]:
+    """A dump/load callback feeding ``progress``: entities written (dump) or bytes read
+    (load, of the file's size when it is known)."""
 
     def report(done: DumpProgress) -> None:
-        size = f", {done.size / 1e6:.1f} MB" if done.size else ""
-        print(
-            f"\r{verb} {done.entities} entities, {done.events} events{size}",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
+        if read is None:
+            size = f", {done.size / 1e6:.1f} MB" if done.size else ""
+            progress.update(done.entities, detail=f"{done.events} events{size}")
+        else:
+            progress.update(read.count, detail=f"{done.entities} entities, {done.events} events")
 
     return report
+
+
+class _Counted:
+    """A binary file that counts the bytes read from it (load's progress)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._raw.read(size)
+        self.count += len(chunk)
+        return chunk
+
+
+def _size(raw: IO[bytes]) -> int | None:
+    """The size of a regular file (``None`` for a pipe or stdin)."""
+    try:
+        info = os.fstat(raw.fileno())
+    except (OSError, ValueError):
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None

@@ -6,7 +6,8 @@ The merge logic is pure and synchronous; the applier reaches storage only throug
 
 from mycelia.entity.values import check_value, decode_value, encode_value  # noqa: I001 - first: no cycles
 from mycelia.entity.entity import DELETED, Entity, Snapshot
-from mycelia.entity.applier import Applier, EntityChange, EventCheck, ForkBase, IngestResult
+from mycelia.entity.runs import EntityChange, EventCheck, ForkBase, IngestResult
+from mycelia.entity.applier import Applier
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.verdicts import VERDICTS, Action
 from mycelia.entity.residents import Residents

@@ -47,7 +47,7 @@ def admit(
     and, when ``atomic``, EventNotFound instead of holding anything.
     """
     outcome = Admission()
-    staging, head = outcome.staging, entity.head_generations
+    staging, head = outcome.staging, entity.head_map
     for event in group if len(group) == 1 else topological_sort(group):
         if event.id in known or event.id in staging:
             continue  # already here: a no-op

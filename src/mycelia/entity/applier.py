@@ -38,24 +38,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 
 from mycelia.entity.admission import admit, admit_fresh
-from mycelia.entity.entity import Entity, Snapshot
-from mycelia.entity.heads import drop_known_ancestors
+from mycelia.entity.entity import Entity
+from mycelia.entity.heads import merged_head
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.residents import Residents
-from mycelia.entity.verdicts import Action, action_for, head_after, rejection
-from mycelia.errors import (
-    CommitReverted,
-    EventNotFound,
-    InvalidEvent,
-    MyceliaError,
-    PayloadTooLarge,
+from mycelia.entity.runs import (
+    NEW_ENTITY,
+    EntityChange,
+    EventCheck,
+    ForkBase,
+    IngestResult,
+    Meta,
+    Overlay,
+    Plan,
+    Run,
+    differing,
+    fetched,
 )
-from mycelia.event_dag import DEFAULT_BUDGET, compare, missing
+from mycelia.entity.verdicts import Action, action_for, head_after, rejection
+from mycelia.errors import CommitReverted, InvalidEvent, MyceliaError, PayloadTooLarge
+from mycelia.event_dag import DEFAULT_BUDGET, missing
 from mycelia.proto import (
     DEFAULT_LIMITS,
     AdmittedEvent,
@@ -79,93 +85,6 @@ from mycelia.retrieval import (
 __all__ = ["Applier", "EntityChange", "EventCheck", "ForkBase", "IngestResult"]
 
 log = logging.getLogger(__name__)
-
-Meta = tuple[tuple[str, bytes | None], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class EntityChange:
-    """One entity changed by an applier run."""
-
-    before: Snapshot
-    after: Snapshot
-    events: tuple[AdmittedEvent, ...]
-    """The events applied, parents first."""
-    changed: frozenset[str]
-    """Properties whose values changed."""
-
-
-@dataclass(slots=True)
-class IngestResult:
-    """What an applier run did."""
-
-    changes: list[EntityChange] = field(default_factory=list)
-    stored: list[AdmittedEvent] = field(default_factory=list)
-    """Events made durable by this run (new to this node)."""
-    held: list[EventId] = field(default_factory=list)
-    """Events waiting for parents (see :attr:`missing`)."""
-    missing: set[EventId] = field(default_factory=set)
-    """Parent ids nobody here has: ask a peer for them."""
-    errors: dict[EntityId, MyceliaError] = field(default_factory=dict)
-    """Entities whose events were refused (non-atomic runs only)."""
-
-    def raise_first(self) -> None:
-        """Raise the first error, if any."""
-        for error in self.errors.values():
-            raise error
-
-
-EventCheck = Callable[[Snapshot, Snapshot, AdmittedEvent], None]
-"""A policy hook run before durability: (before, after, event); raise PolicyDenied to refuse."""
-
-
-@dataclass(frozen=True, slots=True)
-class ForkBase:
-    """What a transaction's fork of an entity started from (see :meth:`Applier.base`)."""
-
-    head: Mapping[EventId, int]
-    """The fork's head, id → generation: the parents (and generations) of its event."""
-    epoch: int
-    """The entity's reset count when forked: a reset since then voids the fork."""
-
-
-NEW_ENTITY = ForkBase({}, 0)
-"""The base of an entity created by the transaction itself."""
-
-
-@dataclass(slots=True)
-class _Plan:
-    entity: Entity
-    before: Snapshot
-    staged: list[AdmittedEvent]
-    """Events to store (new to this node)."""
-    applied: list[AdmittedEvent]
-    """Events applied to the entity, parents first."""
-    changed: set[str]
-    snapshot: bool = False
-    """A merged or replaced state: written (and reported) even when no event applied."""
-    after: Snapshot | None = None
-    """The entity as this plan left it (taken when the plan joins its run: a later plan of
-    the same run may change the entity further)."""
-
-
-@dataclass(slots=True)
-class _Run:
-    """One staging run's plans and what is written with them (see :meth:`Applier.staging`)."""
-
-    meta: Meta
-    forget: tuple[EntityId, ...]
-    plans: list[_Plan] = field(default_factory=list)
-
-    def add(self, plan: _Plan | None, check: EventCheck | None = None) -> None:
-        """Keep ``plan`` for the write, after ``check`` passed on every applied event."""
-        if plan is None:
-            return
-        after = plan.after = plan.entity.snapshot()
-        if check is not None:
-            for applied in plan.applied:
-                check(plan.before, after, applied)
-        self.plans.append(plan)
 
 
 class Applier:
@@ -232,7 +151,7 @@ class Applier:
         *,
         meta: Meta = (),
         forget: tuple[EntityId, ...] = (),
-    ) -> AsyncIterator[_Run]:
+    ) -> AsyncIterator[Run]:
         """A staging run over ``entity_ids``: locks taken in sorted order; plans added to
         the run are written in one storage write on normal exit (with ``meta`` and
         ``forget``, reported in ``result``); on any error every entity is evicted from
@@ -241,7 +160,7 @@ class Applier:
         async with AsyncExitStack() as stack:
             for entity_id in ids:  # one global order: no deadlock between runs
                 await stack.enter_async_context(self.lock(entity_id))
-            run = _Run(meta, forget)
+            run = Run(meta, forget)
             try:
                 yield run
                 await self._write(run, result)
@@ -250,7 +169,7 @@ class Applier:
                     self._residents.evict(entity_id)
                 raise
 
-    async def _write(self, run: _Run, result: IngestResult) -> None:
+    async def _write(self, run: Run, result: IngestResult) -> None:
         plans = run.plans
         if not (plans or run.meta or run.forget):
             return
@@ -383,7 +302,7 @@ class Applier:
         *,
         atomic: bool,
         earlier: Mapping[EventId, AdmittedEvent] | None = None,
-    ) -> _Plan | None:
+    ) -> Plan | None:
         entity = await self.load(entity_id)
         if entity is None:
             entity = Entity.empty(entity_id, group[0].collection)
@@ -399,19 +318,23 @@ class Applier:
         before = entity.snapshot()
         getter = self._getter(entity_id, staging, earlier)
         applied, head = await self._place(entity, staged, getter)
-        staged = [*staged, *(e for e in _fetched(getter) if e.id not in staging)]
+        staged = [*staged, *(e for e in fetched(getter) if e.id not in staging)]
         changed: set[str] = set()
         for event in applied:
             changed |= entity.apply(event)
         if applied:
-            entity.set_head(head)
+            if head is None:
+                entity.advance(applied)
+            else:
+                entity.set_head(head)
             self._residents.put(entity)
-        return _Plan(entity, before, staged, applied, changed)
+        return Plan(entity, before, staged, applied, changed)
 
     async def _place(
         self, entity: Entity, staged: list[AdmittedEvent], getter: LocalGetter
-    ) -> tuple[list[AdmittedEvent], Mapping[EventId, int]]:
-        """Which staged events the head lacks (parents first), and the head after them."""
+    ) -> tuple[list[AdmittedEvent], Mapping[EventId, int] | None]:
+        """Which staged events the head lacks (parents first), and the head after them
+        (``None``: the head just advances past them, :meth:`Entity.advance`)."""
         if not entity.exists:
             if not any(e.event.is_genesis for e in staged):
                 raise InvalidEvent(
@@ -419,20 +342,17 @@ class Applier:
                     "(its genesis was never received)"
                 )
             parents = {p for e in staged for p in e.parent}
+            entity.history_closed = True
             return staged, {e.id: e.generation for e in staged if e.id not in parents}
-        if (
-            self._durable
-            and len(staged) == 1
-            and staged[0].parent
-            and all(p in entity.head for p in staged[0].parent)
-        ):
-            # One new event made on tips of this head (on exactly the head: the linear
-            # case; on some tips: a writer that missed concurrent work). The head lacks
-            # just it, and the tips it names are now its ancestors: no walk is needed.
-            # Only where storage is definitive: a node holding snapshots may lack events
-            # of its own history (a snapshot's head, the genesis), which arrive later to
-            # fill it in and must not be taken for new work.
-            return staged, head_after(entity.head_generations, staged)
+        if self._durable and await self._history_closed(entity):
+            # Where storage is definitive and every tip of the head is a stored event, an
+            # event not stored yet descends from nothing stored and is an ancestor of no
+            # tip (a tip's ancestors are stored: admission keeps history closed), and a tip
+            # it descends from can only be one it names as a parent (else that parent would
+            # be a stored descendant of a tip). So every staged event is new to the head,
+            # and the head advances past them: no walk, O(their parents) — a wide head of
+            # concurrent writers costs nothing per event (ARCHITECTURE.md §4).
+            return staged, None
         # A subject-side walk: the events the head lacks, without walking the head's own
         # branches (admission already keeps foreign lineage out: parents are this entity's).
         outcome = await missing(
@@ -451,6 +371,15 @@ class Applier:
         applied = list(outcome.subject_only)
         return applied, head_after(entity.head_generations, applied)
 
+    async def _history_closed(self, entity: Entity) -> bool:
+        """Whether every tip of the entity's head is a stored event (looked up once per
+        resident; a snapshot merged without its history may leave tips it lacks)."""
+        closed = entity.history_closed
+        if closed is None:
+            tips = entity.head.ids
+            closed = entity.history_closed = len(await self._store.get_events(tips)) == len(tips)
+        return closed
+
     def _getter(
         self,
         entity_id: EntityId,
@@ -459,7 +388,7 @@ class Applier:
     ) -> LocalGetter:
         """Staging and storage (with events staged earlier in this run, not stored yet),
         then (on an ephemeral node with a peer) the peer."""
-        store: EventSource = self._store if not earlier else _Overlay(earlier, self._store)
+        store: EventSource = self._store if not earlier else Overlay(earlier, self._store)
         if self._remote is None:
             return LocalGetter(staging, store)
         return CachedGetter(staging, store, self._remote, entity_id=entity_id)
@@ -504,7 +433,7 @@ class Applier:
         group: list[Event],
         base: ForkBase,
         known: Mapping[EventId, AdmittedEvent],
-    ) -> _Plan | None:
+    ) -> Plan | None:
         entity = await self.load(entity_id)
         if entity is None:
             entity = Entity.empty(entity_id, group[0].collection)
@@ -515,9 +444,11 @@ class Applier:
         changed: set[str] = set()
         for event in staged:
             changed |= entity.apply(event)
-        entity.set_head(head_after(entity.head_generations, staged))
+        if not entity.exists:
+            entity.history_closed = True
+        entity.advance(staged)
         self._residents.put(entity)
-        return _Plan(entity, before, staged, staged, changed)
+        return Plan(entity, before, staged, staged, changed)
 
     # -- snapshots -----------------------------------------------------------------------
 
@@ -551,7 +482,7 @@ class Applier:
                     result.errors[entity_id] = exc
         return result
 
-    async def _merge_state(self, incoming: EntityState, base: Clock | None) -> _Plan | None:
+    async def _merge_state(self, incoming: EntityState, base: Clock | None) -> Plan | None:
         entity_id = incoming.entity_id
         entity = await self.load(entity_id)
         if entity is not None and incoming.collection != entity.collection:
@@ -563,45 +494,30 @@ class Applier:
             fresh = Entity.from_state(incoming)
             before = Entity.empty(entity_id, incoming.collection).snapshot()
             self._residents.put(fresh)
-            return _Plan(fresh, before, [], [], set(fresh.values()), snapshot=True)
+            return Plan(fresh, before, [], [], set(fresh.values()), snapshot=True)
         before = entity.snapshot()
         if base is not None and entity.head == base:
             changed = entity.merge_state(incoming)
             entity.set_head(incoming.state.head_generations())
+            entity.history_closed = None  # the snapshot's tips may not be stored here
             self._residents.put(entity)
-            return _Plan(entity, before, [], [], changed, snapshot=True)
+            return Plan(entity, before, [], [], changed, snapshot=True)
         getter = self._getter(entity_id, StagingMap())
-        head = await self._merged_head(entity, incoming, getter)
+        head = await merged_head(
+            entity,
+            incoming,
+            getter,
+            self._store,
+            budget=self._budget,
+            fetching=self._remote is not None,
+        )
         if head is None:
             return None
         changed = entity.merge_state(incoming)
         entity.set_head(head)
+        entity.history_closed = None  # the snapshot's tips may not be stored here
         self._residents.put(entity)
-        return _Plan(entity, before, _fetched(getter), [], changed, snapshot=True)
-
-    async def _merged_head(
-        self, entity: Entity, incoming: EntityState, getter: LocalGetter
-    ) -> dict[EventId, int] | None:
-        """The head after merging ``incoming`` (``None``: it adds nothing)."""
-        hints = {**entity.head_generations, **incoming.state.head_generations()}
-        try:
-            outcome = await compare(
-                getter, incoming.state.head, entity.head, budget=self._budget, hints=hints
-            )
-        except EventNotFound:
-            if self._remote is not None:
-                raise  # the durable peer holds that history: merge once it can be asked
-            log.info(
-                "merging a snapshot of %s without its history: keeping both heads", entity.entity_id
-            )
-            root = EventId(entity.entity_id)
-            return await drop_known_ancestors(hints, self._store, root=root, budget=self._budget)
-        action = action_for(outcome.relation)
-        if action is Action.NOTHING:
-            return None
-        if action is Action.REJECT:
-            raise rejection(outcome.relation, entity.entity_id)
-        return dict(outcome.merged_head)
+        return Plan(entity, before, fetched(getter), [], changed, snapshot=True)
 
     async def reset(
         self,
@@ -640,28 +556,9 @@ class Applier:
                     self._residents.put(entity)
                 else:
                     self._residents.evict(entity_id)
-                changed = _differing(before, entity)
-                run.add(_Plan(entity, before, mine, mine, changed, snapshot=True))
+                changed = differing(before, entity)
+                run.add(Plan(entity, before, mine, mine, changed, snapshot=True))
         return result
-
-
-class _Overlay:
-    """Events staged earlier in a run, over storage (which does not hold them yet)."""
-
-    __slots__ = ("_earlier", "_store")
-
-    def __init__(self, earlier: Mapping[EventId, AdmittedEvent], store: EventSource) -> None:
-        self._earlier = earlier
-        self._store = store
-
-    async def get_events(
-        self, ids: Collection[EventId], *, ahead: int = 0
-    ) -> Mapping[EventId, AdmittedEvent]:
-        found = {i: self._earlier[i] for i in ids if i in self._earlier}
-        rest = [i for i in ids if i not in found]
-        if rest:
-            found.update(await self._store.get_events(rest, ahead=ahead))
-        return found
 
 
 def _ignore(changes: list[EntityChange]) -> None:
@@ -673,13 +570,3 @@ def _groups(events: Iterable[Event]) -> dict[EntityId, list[Event]]:
     for event in events:
         groups.setdefault(event.entity_id, []).append(event)
     return groups
-
-
-def _differing(before: Snapshot, entity: Entity) -> set[str]:
-    after = entity.values()
-    return {k for k in before.values.keys() | after.keys() if before.values.get(k) != after.get(k)}
-
-
-def _fetched(getter: LocalGetter) -> list[AdmittedEvent]:
-    """Events a cached getter fetched from the peer (stored with the result)."""
-    return getter.fetched() if isinstance(getter, CachedGetter) else []

@@ -8,8 +8,13 @@ Invariants:
 - Backends are created on demand by name: ``lww`` and ``text`` are known; any other name
   (from a newer peer) is kept by an :class:`OpaqueBackend`, so nothing is dropped.
 - :meth:`to_state` / :meth:`from_state` round-trip byte for byte.
-- Mutation happens only through :meth:`apply` and :meth:`set_head` (called by the applier
-  under the entity's lock) and on forks that transactions own.
+- Mutation happens only through :meth:`apply`, :meth:`set_head` and :meth:`advance`
+  (called by the applier under the entity's lock) and on forks that transactions own.
+- Placing an event costs O(its parents), not O(the head): :meth:`advance` moves the head
+  in place (its tips named as parents leave, the new events join), and the head's clock
+  and generations are kept sorted by insertion (C-speed tuple copies), never re-sorted.
+- ``history_closed`` says whether every tip of the head is a stored event (``None``:
+  not known yet). The applier sets it; only then may it place a new event with no walk.
 - Text client ids come only from the :class:`ClientIds` the entity carries (given at
   construction, handed on to its forks): a text backend created lazily on it draws from
   them. An entity without them (a resident, a decoded state) holds replica text, which
@@ -18,7 +23,8 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
@@ -63,11 +69,13 @@ class Entity:
         "__weakref__",
         "_backends",
         "_clock",
+        "_gens",
         "_head",
         "_snapshot",
         "_text_ids",
         "collection",
         "entity_id",
+        "history_closed",
     )
 
     def __init__(
@@ -84,8 +92,10 @@ class Entity:
         self._head = head
         self._backends = backends
         self._snapshot: Snapshot | None = None  # valid until the next change
-        self._clock: Clock | None = None  # the head as a Clock, until it changes
+        self._clock: Clock | None = None  # the head as a Clock (kept current once built)
+        self._gens: tuple[int, ...] = ()  # the generations of the clock's ids, aligned
         self._text_ids = text_ids  # where a text backend created here gets its client id
+        self.history_closed: bool | None = None  # every tip stored? (None: not known yet)
 
     @classmethod
     def empty(
@@ -104,11 +114,14 @@ class Entity:
         return cls(stored.entity_id, stored.collection, head, backends, text_ids=text_ids)
 
     def to_state(self) -> EntityState:
-        """The entity as a state snapshot (canonical buffers)."""
-        buffers = {name: b.to_state() for name, b in self._backends.items()}
-        return EntityState(
-            self.entity_id, self.collection, State.of(head=self._head, buffers=buffers)
+        """The entity as a state snapshot (canonical buffers; text's computed when first
+        read, ARCHITECTURE.md §5)."""
+        buffers = tuple(
+            (name, b.deferred_state() if isinstance(b, TextBackend) else b.to_state())
+            for name, b in sorted(self._backends.items())
         )
+        clock = self.head
+        return EntityState(self.entity_id, self.collection, State(clock, self._gens, buffers))
 
     @property
     def head(self) -> Clock:
@@ -116,12 +129,18 @@ class Entity:
         clock = self._clock
         if clock is None:
             clock = self._clock = Clock(self._head)
+            self._gens = tuple(self._head[i] for i in clock.ids)
         return clock
 
     @property
     def head_generations(self) -> dict[EventId, int]:
         """The head as id → generation (a copy)."""
         return dict(self._head)
+
+    @property
+    def head_map(self) -> Mapping[EventId, int]:
+        """The head as id → generation, read-only and live (no copy: O(1))."""
+        return MappingProxyType(self._head)
 
     @property
     def exists(self) -> bool:
@@ -163,6 +182,31 @@ class Entity:
         self._snapshot = None
         self._clock = None
         self._head = dict(head)
+
+    def advance(self, applied: Sequence[AdmittedEvent]) -> None:
+        """Move the head past ``applied`` (every event the head lacked, parents first):
+        the tips they name as parents leave, the ones no other of them names join — what
+        :func:`~mycelia.entity.verdicts.head_after` gives, in O(their parents)."""
+        self._snapshot = None
+        named = {p for e in applied for p in e.parent}
+        head = self._head
+        gone = [p for p in named if p in head]
+        joined = [(e.id, e.generation) for e in applied if e.id not in named and e.id not in head]
+        for tip in gone:
+            del head[tip]
+        head.update(joined)
+        clock = self._clock
+        if clock is None:
+            return
+        ids, gens = clock.ids, self._gens
+        for tip in gone:
+            i = bisect_left(ids, tip)
+            ids, gens = ids[:i] + ids[i + 1 :], gens[:i] + gens[i + 1 :]
+        for tip, generation in joined:
+            i = bisect_left(ids, tip)
+            ids, gens = (*ids[:i], tip, *ids[i:]), (*gens[:i], generation, *gens[i:])
+        self._clock = Clock._of_sorted(ids)  # kept sorted by insertion
+        self._gens = gens
 
     def backend(self, name: str) -> Backend:
         """The backend called ``name``, created empty on first use."""

@@ -1,4 +1,7 @@
-"""Heads that cannot be decided by a comparison: drop what this node can prove is stale.
+"""The head after merging a snapshot, and heads that cannot be decided by a comparison.
+
+:func:`merged_head` decides a snapshot's head against the entity's by comparison (the
+verdict table of :mod:`mycelia.entity.verdicts`).
 
 When a snapshot from a peer must be merged and the history needed to compare the two
 heads is not available (ARCHITECTURE.md §7: the peer went away mid-walk, say), the
@@ -11,12 +14,19 @@ be wider than the true head, never narrower, and a later comparison settles it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
-from mycelia.proto import EventId
-from mycelia.retrieval import EventSource
+from mycelia.entity.entity import Entity
+from mycelia.entity.verdicts import Action, action_for, rejection
+from mycelia.errors import EventNotFound
+from mycelia.event_dag import compare
+from mycelia.proto import EntityState, EventId
+from mycelia.retrieval import EventSource, LocalGetter
 
-__all__ = ["drop_known_ancestors"]
+log = logging.getLogger(__name__)
+
+__all__ = ["drop_known_ancestors", "merged_head"]
 
 
 async def drop_known_ancestors(
@@ -51,3 +61,40 @@ async def drop_known_ancestors(
         held = await events.get_events(step) if step else {}
         frontier = sorted(i for i in step if i in held and held[i].generation >= floor)
     return {i: g for i, g in head.items() if i not in stale}
+
+
+async def merged_head(
+    entity: Entity,
+    incoming: EntityState,
+    getter: LocalGetter,
+    events: EventSource,
+    *,
+    budget: int,
+    fetching: bool,
+) -> dict[EventId, int] | None:
+    """The entity's head after merging ``incoming`` (``None``: it adds nothing).
+
+    Raises what the verdict table refuses (a foreign lineage). Where the history needed to
+    decide cannot be had: raises EventNotFound when ``fetching`` (the durable peer holds
+    it: merge once it can be asked), else keeps both heads, less what ``events`` proves
+    stale (:func:`drop_known_ancestors`).
+    """
+    hints = {**entity.head_generations, **incoming.state.head_generations()}
+    try:
+        outcome = await compare(
+            getter, incoming.state.head, entity.head, budget=budget, hints=hints
+        )
+    except EventNotFound:
+        if fetching:
+            raise
+        log.info(
+            "merging a snapshot of %s without its history: keeping both heads", entity.entity_id
+        )
+        root = EventId(entity.entity_id)
+        return await drop_known_ancestors(hints, events, root=root, budget=budget)
+    action = action_for(outcome.relation)
+    if action is Action.NOTHING:
+        return None
+    if action is Action.REJECT:
+        raise rejection(outcome.relation, entity.entity_id)
+    return dict(outcome.merged_head)

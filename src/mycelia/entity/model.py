@@ -38,11 +38,14 @@ from mycelia.entity.values import check_value, decode_value, encode_value
 from mycelia.errors import InvalidArgument, TransactionClosed
 from mycelia.proto import Clock, EntityId
 from mycelia.proto.codec import NAME_PATTERN
+from mycelia.proto.event import RESERVED_PREFIX
+from mycelia.proto.query import Collation
 
 __all__ = ["Draft", "FieldSpec", "Handle", "Json", "Model", "Ref", "Text", "View"]
 
 M = TypeVar("M", bound="Model")
 K = TypeVar("K", bound="Model")
+R_co = TypeVar("R_co", bound="Model", covariant=True)
 
 
 class Text(str):
@@ -50,10 +53,16 @@ class Text(str):
 
     On a view it is a read-only snapshot. On a mutable handle, :meth:`insert`,
     :meth:`delete` and :meth:`replace_all` edit the transaction's copy; read the field
-    again to see the new text.
+    again to see the new text. ``trx.create`` and assignment take any ``str``.
     """
 
     __slots__ = ()
+
+    if typing.TYPE_CHECKING:  # for the type checker only: a Text field takes a str
+
+        def __get__(self, obj: object, owner: object = None) -> Text: ...
+
+        def __set__(self, obj: object, value: str) -> None: ...
 
     def insert(self, index: int, text: str) -> None:
         """Insert ``text`` at ``index`` (mutable handles only)."""
@@ -76,10 +85,21 @@ Json = Annotated[Any, _JsonMarker]
 """A field holding any JSON value (dicts, lists, strings, numbers, booleans, None)."""
 
 
-class Ref(EntityId, Generic[M]):
-    """A field holding another entity's id (``Ref[Artist]``); compares as its bytes."""
+class Ref(EntityId, Generic[R_co]):
+    """A field holding another entity's id (``Ref[Artist]``); compares as its bytes.
+
+    ``trx.create`` and assignment take an id or the entity itself (a view or handle). A
+    None-able reference (``Ref[Artist] | None``) is, to a type checker, a ``Ref`` or
+    ``None``: pass ``Ref(artist.id)``.
+    """
 
     __slots__ = ()
+
+    if typing.TYPE_CHECKING:  # for the type checker only: a Ref field takes an id or model
+
+        def __get__(self, obj: object, owner: object = None) -> Ref[R_co]: ...
+
+        def __set__(self, obj: object, value: EntityId | Model) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +116,8 @@ class FieldSpec:
     has_default: bool
     wrap: Callable[[object], object]
     """Turns a stored value into what a view returns (Ref, Text)."""
+    collation: Collation | None = None
+    """The query collation class of the field's values (``None``: any, a Json field)."""
 
 
 class _TextHandle(Text):
@@ -125,7 +147,7 @@ class _TextHandle(Text):
 class Draft:
     """A transaction's working copy of one entity: a fork plus what the transaction did."""
 
-    __slots__ = ("alive", "base", "entity", "model", "texts")
+    __slots__ = ("alive", "base", "entity", "model")
 
     def __init__(
         self, model: type[Model], entity: Entity, base: Snapshot, alive: Callable[[], bool]
@@ -134,9 +156,6 @@ class Draft:
         self.entity = entity
         self.base = base
         self.alive = alive
-        self.texts: dict[str, str] = {}
-        """Each edited text field's content as a Python string, kept in step with the
-        document (Yrs indexes by UTF-8 byte; users index by character)."""
 
     def _check(self) -> None:
         if not self.alive():
@@ -162,17 +181,11 @@ class Draft:
         checked = spec.check(value)
         if spec.backend == "text":
             self.entity.text().replace(field, str(checked))
-            self.texts[field] = str(checked)
             return
         self.entity.lww().set(field, encode_value(checked))
 
     def _text(self, field: str) -> str:
-        cached = self.texts.get(field)
-        if cached is None:
-            backend = self.entity.text()
-            cached = str(backend.text(field)) if field in backend.values() else ""
-            self.texts[field] = cached
-        return cached
+        return self.entity.text().value(field)
 
     def text_insert(self, field: str, index: int, text: str) -> None:
         """Insert ``text`` at character ``index`` of a text field."""
@@ -181,7 +194,6 @@ class Draft:
         if not 0 <= index <= len(current):
             raise InvalidArgument(f"insert at {index} is outside {field!r} (length {len(current)})")
         self.entity.text().insert(field, _byte_offset(current, index), text)
-        self.texts[field] = current[:index] + text + current[index:]
 
     def text_delete(self, field: str, index: int, length: int) -> None:
         """Delete ``length`` characters from character ``index`` of a text field."""
@@ -195,7 +207,6 @@ class Draft:
             start = _byte_offset(current, index)
             stop = _byte_offset(current, index + length)
             self.entity.text().delete(field, start, stop)
-            self.texts[field] = current[:index] + current[index + length :]
 
 
 def _byte_offset(text: str, index: int) -> int:
@@ -203,8 +214,21 @@ def _byte_offset(text: str, index: int) -> int:
     return index if text.isascii() else len(text[:index].encode("utf-8"))
 
 
+@typing.dataclass_transform(kw_only_default=True)
 class Model:
-    """Base of declarative entity classes; see the module docstring."""
+    """Base of declarative entity classes; see the module docstring.
+
+    The class keyword ``collection`` names the collection its entities live in; without
+    it the collection is the class name in lower case (``class Note(Model)`` is
+    ``"note"``), so renaming the class would move its data: name the collection whenever
+    data outlives a refactoring. Names starting with ``_mycelia_`` are reserved.
+
+    For type checkers a model is a keyword-only dataclass (``typing.dataclass_transform``):
+    ``trx.create(Note, title=5)`` is a type error when ``title`` is a ``str``. To them a
+    field without a default is required at create, so give optional fields a default
+    (``label: str | None = None``, ``body: Text = Text()``); at run time a None-able field
+    is optional anyway (absent means ``None``) and a Text field starts empty.
+    """
 
     __collection__: ClassVar[str]
     _fields: ClassVar[dict[str, FieldSpec]]
@@ -213,8 +237,17 @@ class Model:
     _derived: ClassVar[tuple[type[View], type[Handle]]]
     __slots__ = ("__dict__",)
 
-    id: EntityId
-    head: Clock
+    if typing.TYPE_CHECKING:  # set on every view and handle (not fields of the model)
+
+        @property
+        def id(self) -> EntityId:
+            """The entity's id (its genesis event's id)."""
+            ...
+
+        @property
+        def head(self) -> Clock:
+            """The entity's head when the view was made (a handle: its fork's head)."""
+            ...
 
     def __init_subclass__(
         cls, collection: str | None = None, *, _internal: bool = False, **kwargs: object
@@ -223,8 +256,16 @@ class Model:
         if _internal:  # View, Handle, and the types derived from each model
             return
         name = collection or cls.__name__.lower()
-        if not NAME_PATTERN.match(name) or name.startswith("_mycelia_"):
-            raise InvalidArgument(f"{name!r} is not a valid collection name for {cls.__name__}")
+        if name.startswith(RESERVED_PREFIX):
+            raise InvalidArgument(
+                f"{cls.__name__}: the collection prefix {RESERVED_PREFIX!r} is reserved for "
+                f"Mycelia's own records ({name!r}): choose another collection name"
+            )
+        if not NAME_PATTERN.match(name):
+            raise InvalidArgument(
+                f"{name!r} is not a valid collection name for {cls.__name__}: it starts with a "
+                f"letter or '_' and goes on with letters, digits, '_', '.' or '-'"
+            )
         cls.__collection__ = name
         cls._model = cls
         try:
@@ -341,7 +382,7 @@ class Handle(Model, _internal=True):
     __slots__ = ()
 
     @property
-    def head(self) -> Clock:  # type: ignore[override]  # a handle's head is the fork's
+    def head(self) -> Clock:
         """The head of the transaction's copy."""
         draft: Draft = self.__dict__["_draft"]
         draft._check()
@@ -420,7 +461,7 @@ def _spec(cls: type[Model], name: str, hint: object) -> FieldSpec:
         hint, optional = rest[0], True
     has_default = name in cls.__dict__
     default = cls.__dict__.get(name)
-    backend, check, wrap = _kind(cls, name, hint)
+    backend, check, wrap, collation = _kind(cls, name, hint)
     if check is check_value:
         optional = True  # JSON's null is a JSON value
     if backend == "text":
@@ -433,33 +474,41 @@ def _spec(cls: type[Model], name: str, hint: object) -> FieldSpec:
             raise InvalidArgument(f"{cls.__name__}.{name} cannot be None")
         return check(value)
 
-    return FieldSpec(name, backend, checked, optional, default, has_default or optional, wrap)
+    return FieldSpec(
+        name, backend, checked, optional, default, has_default or optional, wrap, collation
+    )
 
 
 def _kind(
     cls: type[Model], name: str, hint: object
-) -> tuple[str, Callable[[object], object], Callable[[object], object]]:
+) -> tuple[str, Callable[[object], object], Callable[[object], object], Collation | None]:
     where = f"{cls.__name__}.{name}"
     if hint is Text:
-        return "text", _typed(where, (str,)), lambda v: Text(str(v))
+        return "text", _typed(where, (str,)), lambda v: Text(str(v)), Collation.STRING
     if typing.get_origin(hint) is Annotated and _JsonMarker in typing.get_args(hint):
-        return "lww", check_value, _identity
+        return "lww", check_value, _identity, None
     if hint is Ref or typing.get_origin(hint) is Ref:
-        return "lww", _ref_check(where), lambda v: Ref(v) if isinstance(v, bytes) else v
-    plain: Mapping[object, tuple[type, ...]] = {
-        str: (str,),
-        int: (int,),
-        float: (float, int),
-        bool: (bool,),
-        bytes: (bytes,),
+        wrap = _wrap_ref
+        return "lww", _ref_check(where), wrap, Collation.BYTES
+    plain: Mapping[object, tuple[tuple[type, ...], Collation]] = {
+        str: ((str,), Collation.STRING),
+        int: ((int,), Collation.NUMBER),
+        float: ((float, int), Collation.NUMBER),
+        bool: ((bool,), Collation.BOOL),
+        bytes: ((bytes,), Collation.BYTES),
     }
     if hint in plain:
-        return "lww", _typed(where, plain[hint]), _identity
+        allowed, collation = plain[hint]
+        return "lww", _typed(where, allowed), _identity, collation
     raise InvalidArgument(f"{where}: {hint!r} is not a supported field type")
 
 
 def _identity(value: object) -> object:
     return value
+
+
+def _wrap_ref(value: object) -> object:
+    return Ref(value) if isinstance(value, bytes) else value
 
 
 def _typed(where: str, allowed: tuple[type, ...]) -> Callable[[object], object]:

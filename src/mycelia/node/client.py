@@ -5,7 +5,20 @@ backoff until it is closed, and carries requests; each session it opens is a
 :class:`~mycelia.node.peer.PeerConnection` over a fresh transport, which the node's
 upstream prepares (system joined, owed commits pushed, subscriptions re-established)
 before the link turns READY. The state itself lives in the node's
-:class:`~mycelia.node.upstream.Link`, the one place that defines it; a connection shows it.
+:class:`~mycelia.node.upstream.Link`, the one place that defines it; a connection shows it:
+
+- :attr:`Connection.state`: CONNECTING (dialing, in the handshake, or preparing the
+  session), READY, DISCONNECTED (between attempts), CLOSED (closed, or refused for good);
+- :attr:`Connection.error`: why the last attempt failed or the last session ended;
+- :meth:`Connection.wait_ready` / :meth:`Connection.wait_state`: wait for a state. A
+  timeout raises :class:`~mycelia.errors.ConnectTimeout`, which names the state and the
+  last cause in words (connection refused, DNS, TLS, protocol version, handshake).
+
+A refusal that retrying cannot cure ends the redialing: the durable peer's policy
+refused this node's token (:class:`~mycelia.errors.PolicyDenied`), or the peer belongs to
+another system (:class:`~mycelia.errors.ForeignSystem`). The connection is then CLOSED and
+every wait raises that refusal; ``connect`` again (with a new token) to retry. Any other
+failure is retried with backoff, forever, until :meth:`Connection.close`.
 """
 
 from __future__ import annotations
@@ -14,6 +27,8 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
+import socket
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
@@ -24,18 +39,23 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus
 
 from mycelia.errors import (
     ConnectionClosed,
+    ConnectTimeout,
+    ForeignSystem,
     InvalidArgument,
     MyceliaError,
+    PolicyDenied,
     PresenceRejected,
+    RequestTimeout,
 )
 from mycelia.node.peer import PeerConnection
 from mycelia.node.ports import MakeRequest, Session
+from mycelia.node.progress import Slow
 from mycelia.node.transport import Transport, WebsocketTransport
 from mycelia.node.upstream import ConnectionState, Link
 from mycelia.proto import Limits
 from mycelia.proto.messages import Message
 
-__all__ = ["Connection", "ConnectionState", "Dialer", "connect"]
+__all__ = ["Connection", "ConnectionState", "Dialer", "connect", "describe_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +79,10 @@ class Connection:
         min_backoff: float,
         max_backoff: float,
         rng: random.Random,
+        slow: Callable[[str], Slow] | None = None,
     ) -> None:
         self._dial = dial
+        self._slow = slow
         self._link = link
         self._open_session = open_session
         self._prepare = prepare
@@ -69,15 +91,22 @@ class Connection:
         self._max_backoff = max_backoff
         self._rng = rng
         self._task: asyncio.Task[None] | None = None
+        self._retired = False
 
     @property
     def state(self) -> ConnectionState:
-        """What the connection is doing now (see :class:`ConnectionState`)."""
+        """What the connection is doing now: CONNECTING, READY, DISCONNECTED (between
+        attempts) or CLOSED (closed, or refused for good: see :attr:`error`)."""
         return self._link.state
 
     @property
     def error(self) -> BaseException | None:
-        """Why the last session ended or the last attempt failed (``None`` before any)."""
+        """Why the last session ended or the last attempt failed (``None`` before any):
+        the exception as raised (``OSError`` for a refused connection or DNS,
+        ``ssl.SSLError`` for TLS, a :class:`~mycelia.errors.MyceliaError` otherwise);
+        :func:`describe_failure` puts it in words. After a refusal for good it is the
+        :class:`~mycelia.errors.PolicyDenied` or :class:`~mycelia.errors.ForeignSystem`
+        that waits raise."""
         return self._link.error
 
     def start(self) -> None:
@@ -85,12 +114,34 @@ class Connection:
         self._task = asyncio.ensure_future(self._loop())
 
     async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until READY; TimeoutError after ``timeout``, ConnectionClosed once closed."""
-        await self._link.wait_ready(timeout)
+        """Wait until READY.
+
+        Raises:
+            ConnectTimeout: not READY after ``timeout`` seconds (also a TimeoutError); the
+                message names the state and the last cause. The connection keeps trying.
+            PolicyDenied: the durable peer refused this node's credentials (for good).
+            ForeignSystem: the durable peer belongs to another system (for good).
+            ConnectionClosed: the connection was closed first.
+        """
+        await self.wait_state(ConnectionState.READY, timeout)
 
     async def wait_state(self, state: ConnectionState, timeout: float | None = None) -> None:
-        """Wait until the connection is in ``state`` (TimeoutError after ``timeout``)."""
-        await self._link.wait_state(state, timeout)
+        """Wait until the connection is in ``state``; raises as :meth:`wait_ready` does
+        (waiting for CLOSED raises nothing once closed, and no refusal)."""
+        try:
+            await self._link.wait_state(
+                state, timeout, closed_raises=state is not ConnectionState.CLOSED
+            )
+        except TimeoutError as exc:
+            if isinstance(exc, MyceliaError):
+                raise
+            now, cause = self._link.state, self._link.error
+            raise ConnectTimeout(
+                f"the durable peer is not {state.value} after {timeout:g} s: "
+                f"{_standing(now, cause)}",
+                state=now.value,
+                cause=cause,
+            ) from cause
 
     async def request(
         self, make: MakeRequest, *, expect: type[M], timeout: float | None = None
@@ -98,9 +149,16 @@ class Connection:
         """A request to the durable peer; raises ConnectionClosed when not connected."""
         return await self._link.request(make, expect=expect, timeout=timeout)
 
+    def retire(self) -> None:
+        """This CLOSED connection's node was connected again: its :meth:`close` no longer
+        touches the node's link (``Node.attach`` calls this)."""
+        self._retired = True
+
     async def close(self) -> None:
         """Stop redialing, close the session and wait for its work to end (confirmed
         commits settled)."""
+        if self._retired:
+            return
         await self._link.set_state(ConnectionState.CLOSED)
         session = self._link.session
         if self._task is not None:
@@ -114,21 +172,33 @@ class Connection:
     async def _loop(self) -> None:
         link = self._link
         backoff = self._min_backoff
+        told = ""  # the last cause logged at WARNING: a repeat is logged at INFO
         while link.state is not ConnectionState.CLOSED:
             await link.set_state(ConnectionState.CONNECTING)
             try:
                 await self._session()
             except PresenceRejected as exc:
+                refusal = refusal_for_good(exc)
+                if refusal is not None:
+                    log.warning(
+                        "the durable peer refused this node for good, not retrying "
+                        "(connect again to retry): %s: %s",
+                        type(refusal).__name__,
+                        refusal,
+                    )
+                    await link.refuse(refusal)
+                    return
                 link.error = exc
-                log.warning("the durable peer refused this node: %s", exc)
+                told = _tell(told, "the durable peer refused this node", exc)
                 backoff = self._max_backoff  # do not hammer a peer that refuses us
             except _Ended as ended:
                 link.error = ended.error  # why a session that was ready ended
                 log.info("the connection to the durable peer ended: %s", ended.error)
+                told = ""
                 backoff = self._min_backoff  # it was up: try again soon
             except (MyceliaError, OSError, TimeoutError) as exc:
                 link.error = exc
-                log.info("connection to the durable peer failed: %s", exc)
+                told = _tell(told, "could not connect to the durable peer", exc)
             await link.set_state(ConnectionState.DISCONNECTED)
             await asyncio.sleep(backoff * (0.5 + self._rng.random()))  # reconnect backoff
             backoff = min(backoff * 2, self._max_backoff)
@@ -145,7 +215,11 @@ class Connection:
             if not peer.peer_durable:
                 raise PresenceRejected("the peer this node dialed is not a durable node")
             self._link.session = peer
-            await self._prepare(peer)
+            if self._slow is None:
+                await self._prepare(peer)
+            else:  # a large first sync (many owed commits, queries to catch up) shows progress
+                async with self._slow("syncing with the durable peer"):
+                    await self._prepare(peer)
             await self._link.set_state(ConnectionState.READY)
             ready = True
             await peer.wait_closed()
@@ -159,6 +233,89 @@ class Connection:
         if ready and not isinstance(error, PresenceRejected):
             raise _Ended(error)
         raise error
+
+
+def describe_failure(error: BaseException | None) -> str:
+    """Why a connection attempt failed, in words: connection refused, DNS, TLS, protocol
+    version, handshake (the exception's own text follows in parentheses)."""
+    if error is None:
+        return "no attempt has failed yet"
+    text = str(error) or type(error).__name__
+    if isinstance(error, ConnectionRefusedError) or (
+        isinstance(error, OSError) and "Connect call failed" in text
+    ):
+        return f"connection refused: nothing listens there (is the server running?) ({text})"
+    if isinstance(error, socket.gaierror):
+        return f"DNS: the host name could not be resolved ({text})"
+    if isinstance(error, ssl_module.SSLCertVerificationError):
+        return (
+            f"TLS: the server's certificate is not trusted ({error.verify_message}); pass "
+            f"ssl= with a context that trusts it"
+        )
+    if isinstance(error, ssl_module.SSLError):
+        return f"TLS: the handshake failed; is it a TLS server (wss://)? ({text})"
+    if isinstance(error, PresenceRejected) and "protocol" in text:
+        return f"protocol version: the server speaks another version ({text})"
+    if isinstance(error, PresenceRejected):
+        return f"handshake: the server refused this node ({text})"
+    if isinstance(error, RequestTimeout | TimeoutError):
+        return f"handshake: the server did not answer in time ({text})"
+    if isinstance(error, ConnectionClosed) and isinstance(error.__cause__, InvalidHandshake):
+        return f"handshake: {text}"
+    if isinstance(error, ConnectionResetError):
+        return (
+            f"network: the server reset the connection (wss:// to a server without TLS?) ({text})"
+        )
+    if isinstance(error, OSError):
+        return f"network: {text}"
+    return f"{type(error).__name__}: {text}"
+
+
+def _standing(state: ConnectionState, cause: BaseException | None) -> str:
+    """Where a connection stands, for a timeout's message."""
+    if state is ConnectionState.CONNECTING and cause is None:
+        return "still connecting, no attempt has failed yet (a slow handshake or session set-up)"
+    where = {
+        ConnectionState.CONNECTING: "connecting again",
+        ConnectionState.DISCONNECTED: "disconnected, retrying",
+        ConnectionState.READY: "ready",
+        ConnectionState.CLOSED: "closed",
+    }[state]
+    return f"{where}; the last attempt failed: {describe_failure(cause)}"
+
+
+_REFUSED = re.compile(
+    r"rejected us: (?P<kind>\w+): (?P<text>.*) \(it speaks \d+, we sent \d+\)\Z", re.S
+)
+
+
+def refusal_for_good(rejected: PresenceRejected) -> MyceliaError | None:
+    """The refusal that ``rejected`` carries if retrying cannot cure it: the peer's policy
+    refused this node (``PolicyDenied: ...``, its reason in the PresenceRejected frame), or
+    one side belongs to another system. ``None`` for anything else (a version mismatch, a
+    proof that did not verify): those are retried."""
+    text = str(rejected)
+    told = _REFUSED.search(text)
+    refusal: MyceliaError | None = None
+    if told is not None and told["kind"] == "PolicyDenied":
+        refusal = PolicyDenied(f"the durable peer refused this node: {told['text']}")
+    elif "belongs to another system" in text:
+        reason = told["text"] if told is not None else text
+        refusal = ForeignSystem(
+            f"the durable peer and this node belong to different systems ({reason}): "
+            f"connect to a server of this node's system, or use a new store"
+        )
+    if refusal is not None:
+        refusal.__cause__ = rejected
+    return refusal
+
+
+def _tell(told: str, what: str, error: BaseException) -> str:
+    """Log a failed attempt: at WARNING when its cause is new, at INFO when it repeats."""
+    cause = describe_failure(error)
+    kind = cause.split(":", 1)[0]
+    log.log(logging.INFO if kind == told else logging.WARNING, "%s: %s", what, cause)
+    return kind
 
 
 class _Ended(Exception):
@@ -214,8 +371,9 @@ async def connect(
     """
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        scheme = f"scheme {parts.scheme + '://'!r}" if parts.scheme else "no scheme"
         raise InvalidArgument(
-            f"{url!r} is not a websocket URL: use ws://host:port (or wss:// for TLS)"
+            f"{url!r} is not a websocket URL ({scheme}): use ws://host:port (or wss:// for TLS)"
         )
     limits = node.limits
 

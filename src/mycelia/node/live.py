@@ -3,7 +3,8 @@
 ``async with ctx.query(Album, "year > ?", 1985) as live:`` gives ``live.items`` (the current
 result, in query order) and an async iterator of :class:`ChangeSet` s: the first carries
 ``initial``; later ones ``added``, ``updated`` and ``removed`` views. A commit that changes
-nothing a query can see emits nothing.
+nothing a query can see emits nothing. Sets the reader has not taken merge
+(:mod:`mycelia.node.changes`), so an unread query holds O(result), not O(commits).
 
 The :class:`Reactor` is the node's one change listener for live queries. Its **candidate
 index** maps (collection, field) to the queries whose predicate or ORDER BY reads that
@@ -15,6 +16,11 @@ touched (a member leaving makes room: the refill is emitted as ``added``).
 On an ephemeral node with a durable peer, every live query is mirrored on the server; on
 each (re)connection it is re-subscribed with the heads held here, so it catches up and
 drops what stopped matching while offline.
+
+The query is checked against the model when it is made (:mod:`mycelia.entity.querycheck`:
+QueryError for an unknown field or a value of the wrong type). Iterating a live query
+outside its ``async with`` raises :class:`~mycelia.errors.UsageError` (it would wait for
+ever); when the node closes, every open live query's iteration ends.
 """
 
 from __future__ import annotations
@@ -23,13 +29,16 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from mycelia.entity import EntityChange, Snapshot
 from mycelia.entity.model import Model
-from mycelia.errors import InvalidArgument
+from mycelia.entity.querycheck import check_query
+from mycelia.errors import InvalidArgument, UsageError
+from mycelia.node.changes import ChangeQueue, ChangeSet
 from mycelia.node.policy import Credentials, PolicyAgent
 from mycelia.node.ports import Follow, Standing, Watch
+from mycelia.node.progress import Slow
 from mycelia.proto import EntityId, EntityState
 from mycelia.proto.query import (
     And,
@@ -64,19 +73,12 @@ class LiveParts:
     """Runs a task the node keeps (LIMIT refreshes)."""
     query_ids: Callable[[], int]
     """A fresh query id (ids come from the node, never from a global counter)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChangeSet(Generic[M]):
-    """One step of a live query's result."""
-
-    initial: list[M] = field(default_factory=list)
-    added: list[M] = field(default_factory=list)
-    updated: list[M] = field(default_factory=list)
-    removed: list[M] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.initial or self.added or self.updated or self.removed)
+    check_open: Callable[[], None]
+    """Raises NodeClosed once the node is closed."""
+    slow: Callable[[str], Slow] | None = None
+    """Progress for a first result that takes long (a client's large initial sync)."""
+    opened: dict[LiveQuery[Any], None] = field(default_factory=dict)
+    """The live queries open now (the node ends them when it closes)."""
 
 
 class LiveQuery(Generic[M]):
@@ -93,15 +95,16 @@ class LiveQuery(Generic[M]):
         self._parts = parts
         self._credentials = credentials
         self.model = model
-        self.query = parse(text).bind(*args)
+        self.query = _checked(model, text, args)
         self._predicate = compile_predicate(self.query.predicate)
         self.text, self.args = text, args
         self.query_id = parts.query_ids()
         self._members: dict[EntityId, M] = {}
         self._keys: dict[EntityId, bytes] = {}
-        self._changes: asyncio.Queue[ChangeSet[M] | None] = asyncio.Queue()
+        self._changes: ChangeQueue[M] = ChangeQueue()
         self._refresh_lock = asyncio.Lock()
         self._open = False
+        self._entered = False
         self._buffer: list[EntityChange] | None = None
         """Changes that arrive while the initial result loads (applied after it)."""
         self._refreshing = 0
@@ -124,16 +127,26 @@ class LiveQuery(Generic[M]):
         return list(self._members)
 
     async def __aenter__(self) -> LiveQuery[M]:
-        self._open = True
+        self._parts.check_open()
+        self._open = self._entered = True
+        self._parts.opened[self] = None
         self._buffer = []
         self._parts.watch.add(self)
-        await self._parts.follow.follow(self)  # what the peer sends now is buffered
-        initial = await self._load()
-        self._changes.put_nowait(ChangeSet(initial=initial))
+        slow = self._parts.slow
+        if slow is None:
+            initial = await self._start()
+        else:
+            async with slow(f"first result of {self.collection} {self.text!r}"):
+                initial = await self._start()
+        self._changes.start(initial)
         buffered, self._buffer = self._buffer, None
         if buffered:
             self.apply(buffered)  # emits only what the initial result does not show yet
         return self
+
+    async def _start(self) -> list[M]:
+        await self._parts.follow.follow(self)  # what the peer sends now is buffered
+        return await self._load()
 
     async def __aexit__(
         self,
@@ -147,16 +160,27 @@ class LiveQuery(Generic[M]):
         """Stop following changes (and unsubscribe on the server)."""
         if not self._open:
             return
+        self.end()
+        await self._parts.follow.unfollow(self)
+
+    def end(self) -> None:
+        """Stop following changes here at once (the node is closing): the iteration ends
+        after the change sets already queued."""
+        if not self._open:
+            return
         self._open = False
+        self._parts.opened.pop(self, None)
         for entity_id in self._members:
             self._parts.watch.untrack(entity_id, self)
         self._parts.watch.remove(self)
-        self._changes.put_nowait(None)
-        await self._parts.follow.unfollow(self)
+        self._changes.end()
 
     async def update_query(self, text: str, *args: object) -> None:
-        """Change the query in place: the next change set moves the result to the new one."""
-        self.query = parse(text).bind(*args)
+        """Change the query in place: the next change set moves the result to the new one.
+
+        Raises QueryError (as ``ctx.query`` does) and leaves the query as it was."""
+        self._parts.check_open()
+        self.query = _checked(self.model, text, args)
         self._predicate = compile_predicate(self.query.predicate)
         self.text, self.args = text, args
         self._parts.watch.reindex(self)
@@ -164,6 +188,11 @@ class LiveQuery(Generic[M]):
         await self.refresh()
 
     def __aiter__(self) -> AsyncIterator[ChangeSet[M]]:
+        if not self._entered:
+            raise UsageError(
+                "iterate a live query inside 'async with ctx.query(...) as live:' "
+                "(outside it, no change would ever arrive)"
+            )
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[ChangeSet[M]]:
@@ -244,7 +273,7 @@ class LiveQuery(Generic[M]):
                 self._keys.pop(entity_id, None)
                 self._parts.watch.untrack(entity_id, self)
         if added or updated or removed:
-            self._changes.put_nowait(ChangeSet(added=added, updated=updated, removed=removed))
+            self._changes.put(ChangeSet(added=added, updated=updated, removed=removed))
 
     async def _scheduled_refresh(self) -> None:
         try:
@@ -260,14 +289,7 @@ class LiveQuery(Generic[M]):
 
     def changes_nowait(self) -> list[ChangeSet[M]]:
         """The change sets queued so far, without waiting (the iterator's non-blocking twin)."""
-        out = []
-        while not self._changes.empty():
-            item = self._changes.get_nowait()
-            if item is None:
-                self._changes.put_nowait(None)  # keep the end marker for the iterator
-                break
-            out.append(item)
-        return out
+        return self._changes.take_all()
 
     async def refresh(self) -> None:
         """Re-run the query against storage and emit the difference (LIMIT, update_query)."""
@@ -285,7 +307,15 @@ class LiveQuery(Generic[M]):
             for entity_id in before:
                 self._parts.watch.untrack(entity_id, self)
             if out:
-                self._changes.put_nowait(out)
+                self._changes.put(out)
+
+
+def _checked(model: type[Model], text: str, args: tuple[object, ...]) -> Query:
+    """``text`` parsed, bound to ``args`` and checked against ``model``."""
+    parsed = parse(text)
+    bound = parsed.bind(*args)
+    check_query(model, parsed, args)
+    return bound
 
 
 def _snapshot_of(state: EntityState, values: Mapping[str, object]) -> Snapshot:

@@ -28,9 +28,15 @@ from typing import Final
 
 from mycelia.entity import Applier, EntityChange, EventCheck, IngestResult, PendingPool, Residents
 from mycelia.entity.backends import ClientIds
-from mycelia.errors import ForeignSystem, InvalidArgument, InvalidEvent, LocalProtocolError
+from mycelia.errors import (
+    ForeignSystem,
+    InvalidArgument,
+    InvalidEvent,
+    LocalProtocolError,
+    NodeClosed,
+)
 from mycelia.node.budget import DEFAULT_BOUNDS, Bounds
-from mycelia.node.client import Connection, Dialer
+from mycelia.node.client import Connection, ConnectionState, Dialer
 from mycelia.node.commits import CommitPipeline, LocalCommits, Rejection
 from mycelia.node.context import Context, ContextParts
 from mycelia.node.deltas import query_rows
@@ -40,6 +46,7 @@ from mycelia.node.outbox import Outbox
 from mycelia.node.peer import Identity, PeerConnection
 from mycelia.node.policy import LOCAL, Credentials, Gatekeeper, PermissiveAgent, PolicyAgent
 from mycelia.node.ports import ChangeListener
+from mycelia.node.progress import Slow
 from mycelia.node.serving import Responder
 from mycelia.node.transaction import TransactionParts
 from mycelia.node.transport import Transport
@@ -95,8 +102,12 @@ class Node:
         root: EntityId | None,
         key: NodeKey,
         rng: random.Random | None = None,
+        progress: bool = True,
     ) -> None:
         self._storage = storage
+        self._progress = progress
+        self._received = 0
+        """Entities changed here so far (a slow sync's progress counts them)."""
         self._policy = policy
         self._durable = durable
         self._limits = limits
@@ -162,6 +173,8 @@ class Node:
                 limits=limits,
                 text_ids=text_ids,
                 entropy=self._entropy,
+                durable=durable,
+                check_open=self._check_open,
             ),
             LiveParts(
                 watch=self._reactor,
@@ -170,6 +183,8 @@ class Node:
                 policy=policy,
                 spawn=self._spawn,
                 query_ids=lambda: next(self._query_ids),
+                check_open=self._check_open,
+                slow=None if durable else self._slow,
             ),
             history=storage.events_of,
         )
@@ -183,14 +198,21 @@ class Node:
         policy: PolicyAgent | None = None,
         limits: Limits = DEFAULT_LIMITS,
         rng: random.Random | None = None,
+        progress: bool = True,
     ) -> _Opening:
         """Open a node on ``storage``: ``node = await Node.open(...)`` or ``async with``.
 
         ``rng`` makes the node's entropy (genesis nonces, text client ids, a new node key)
         deterministic — for simulations and tests only: production nodes draw from
-        ``secrets``.
+        ``secrets``. ``progress``: a client's sync that takes over a second (preparing a
+        session, a live query's first result) shows a bar while stderr is a terminal
+        (``False``: never); it is logged at INFO every few seconds either way.
         """
-        return _Opening(cls._open(storage, durable=durable, policy=policy, limits=limits, rng=rng))
+        return _Opening(
+            cls._open(
+                storage, durable=durable, policy=policy, limits=limits, rng=rng, progress=progress
+            )
+        )
 
     @classmethod
     async def _open(
@@ -201,6 +223,7 @@ class Node:
         policy: PolicyAgent | None,
         limits: Limits,
         rng: random.Random | None,
+        progress: bool,
     ) -> Node:
         raw = await storage.get_meta(ROOT_KEY)
         root = EntityId(raw) if raw is not None else None
@@ -220,6 +243,7 @@ class Node:
             root=root,
             key=key,
             rng=rng,
+            progress=progress,
         )
         if node._pipeline is not None:
             await node._pipeline.load()
@@ -259,6 +283,7 @@ class Node:
 
     def stats(self) -> NodeStats:
         """Counts of what the node holds and does now."""
+        self._check_open()
         return NodeStats(
             live_queries=self._reactor.count(),
             subscriptions=self._responder.subscription_count(),
@@ -277,10 +302,12 @@ class Node:
 
     def context(self, credentials: Credentials | None = None) -> Context:
         """A context acting with ``credentials`` (default: local, trusted)."""
+        self._check_open()
         return Context(self._parts, credentials or LOCAL)
 
     def on_change(self, listener: ChangeListener) -> Callable[[], None]:
         """Call ``listener`` after every commit that changes entities; returns a remover."""
+        self._check_open()
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
@@ -288,18 +315,25 @@ class Node:
         """Every local commit reverted from now on, because the durable peer refused it or
         one it was built on (an async iterator of :class:`Rejection`; empty on a durable
         node, which has no durable peer to refuse anything)."""
+        self._check_open()
         if self._pipeline is None:
             return _nothing()
         return self._pipeline.rejections()
 
     def owed(self) -> list[Event]:
         """The events of every local commit the durable peer has not confirmed yet."""
+        self._check_open()
         return [] if self._pipeline is None else self._pipeline.owed()
 
     async def create_system(self) -> EntityId:
         """Create the system root (durable nodes only; idempotent). Returns its id."""
+        self._check_open()
         if not self._durable:
-            raise LocalProtocolError("only a durable node creates a system; join one instead")
+            raise LocalProtocolError(
+                "only a durable node creates a system: a client joins its server's system "
+                "when it first connects, or offline with join_system(events), given the "
+                "system's root events (the server's system_events(), shipped with the app)"
+            )
         if self._root is not None:
             return self._root
         genesis = Event.genesis(
@@ -322,6 +356,7 @@ class Node:
 
     async def system_events(self) -> list[AdmittedEvent]:
         """The events that define this node's system (give them to ``join_system``)."""
+        self._check_open()
         if self._root is None:
             return []
         return await self._storage.events_of(self._root)
@@ -332,6 +367,7 @@ class Node:
         Raises ForeignSystem if this node already belongs to another system, and
         InvalidEvent if ``events`` hold no system root.
         """
+        self._check_open()
         batch = [e.event if isinstance(e, AdmittedEvent) else e for e in events]
         roots = [e for e in batch if e.is_genesis and e.system is None]
         if len(roots) != 1 or roots[0].collection != SYSTEM_COLLECTION:
@@ -356,6 +392,7 @@ class Node:
         ``missing``). Raises the first error if some entity's events were refused (the
         other entities' events are applied).
         """
+        self._check_open()
         batch = [e.event if isinstance(e, AdmittedEvent) else e for e in events]
         if len(batch) > self._limits.max_batch_events * 100:
             raise InvalidArgument("ingest at most 100 batches' worth of events at a time")
@@ -367,12 +404,19 @@ class Node:
         """Merge entity states from elsewhere (a durable peer's snapshots): every backend is
         a state CRDT, so any order converges. Raises the first error (DecodeError,
         InvalidEvent) if some state did not fit; the others are merged."""
+        self._check_open()
         result = await self._applier.ingest_states(list(states))
         result.raise_first()
         return result
 
     async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until this node's durable peer connection is ready (no-op without one)."""
+        """Wait until this node's durable peer connection is ready (no-op without one).
+
+        Raises ConnectTimeout (a TimeoutError naming the state and the last cause),
+        PolicyDenied or ForeignSystem (refused for good), ConnectionClosed; see
+        :meth:`mycelia.Connection.wait_ready`.
+        """
+        self._check_open()
         if self._connection is not None:
             await self._connection.wait_ready(timeout)
 
@@ -389,9 +433,17 @@ class Node:
         rng: random.Random,
     ) -> Connection:
         """Reach this node's durable peer through ``dial`` from now on (``connect`` calls
-        this). Raises LocalProtocolError if the node has a connection already."""
-        if self._connection is not None:
-            raise LocalProtocolError("this node is connected already: close that connection")
+        this). Raises LocalProtocolError if the node has a connection that is not CLOSED
+        (one that was closed, or refused for good, is replaced)."""
+        self._check_open()
+        previous = self._connection
+        if previous is not None:
+            if previous.state is not ConnectionState.CLOSED:
+                raise LocalProtocolError(
+                    "this node is connected already: close that connection first"
+                )
+            previous.retire()
+            self._link.reopen()
 
         def open_session(transport: Transport) -> PeerConnection:
             return PeerConnection(
@@ -414,6 +466,7 @@ class Node:
             min_backoff=min_backoff,
             max_backoff=max_backoff,
             rng=rng,
+            slow=self._slow,
         )
         return self._connection
 
@@ -428,6 +481,7 @@ class Node:
     ) -> PeerConnection:
         """A connection for a peer that dialed in over ``transport`` (``serve`` calls this;
         drive it with ``await peer.run()``)."""
+        self._check_open()
         return PeerConnection(
             transport,
             me=self._me,
@@ -441,10 +495,13 @@ class Node:
         )
 
     async def close(self) -> None:
-        """Close the node and its storage."""
+        """Close the node and its storage (idempotent). Open live queries end; every later
+        call on the node, its contexts, transactions and live queries raises NodeClosed."""
         if self._closed:
             return
         self._closed = True
+        for live in list(self._parts.live.opened):
+            live.end()
         if self._connection is not None:
             await self._connection.close()
         for task in list(self._tasks):
@@ -464,6 +521,15 @@ class Node:
 
     # -- wiring ----------------------------------------------------------------------------
 
+    def _slow(self, label: str) -> Slow:
+        """Progress for sync work that may take long (see ``Node.open``'s ``progress``)."""
+        return Slow(label, lambda: self._received, log=log, bar=self._progress)
+
+    def _check_open(self) -> None:
+        """Raise NodeClosed once :meth:`close` was called."""
+        if self._closed:
+            raise NodeClosed("this node is closed: open the store again with Node.open()")
+
     def _entropy(self, size: int) -> bytes:
         """``size`` random bytes (from the injected ``rng`` if the node was given one)."""
         return secrets.token_bytes(size) if self._rng is None else self._rng.randbytes(size)
@@ -473,6 +539,7 @@ class Node:
         applier calls this after each write, in commit order)."""
         if not changes:
             return
+        self._received += len(changes)
         self._reactor.on_change(changes)
         self._responder.on_change(changes)
         for listener in list(self._listeners):

@@ -21,14 +21,21 @@ waits is the transaction's ``wait``:
 
 ``await trx.confirmed()`` waits, in either mode, until the durable peer holds the commit,
 and raises its refusal.
+
+Misuse fails fast: a transaction dropped while still open (neither ``async with`` nor
+``commit()``/``rollback()``) warns with a :class:`ResourceWarning` when it is collected,
+as an unclosed file does, since its changes are lost; an entity id given as ``str`` is an
+:class:`~mycelia.errors.InvalidArgument` naming ``EntityId.from_base64``; any use once
+the node is closed raises :class:`~mycelia.errors.NodeClosed`.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, Literal, TypeVar
+from typing import Final, Literal, ParamSpec, TypeVar, cast
 
 from mycelia.entity import DELETED, Entity, ForkBase, Snapshot
 from mycelia.entity.backends import ClientIds, TextBackend
@@ -37,6 +44,7 @@ from mycelia.entity.values import encode_value
 from mycelia.errors import (
     EntityNotFound,
     InvalidArgument,
+    NodeClosed,
     SystemNotReady,
     TransactionClosed,
     TransactionError,
@@ -46,9 +54,10 @@ from mycelia.node.ports import Commit, Commits, Reads
 from mycelia.proto import AdmittedEvent, EntityId, Event, Limits
 from mycelia.proto.event import NONCE_LENGTH
 
-__all__ = ["WAITS", "Transaction", "TransactionParts", "Wait"]
+__all__ = ["WAITS", "Transaction", "TransactionParts", "Wait", "check_entity_id"]
 
 M = TypeVar("M", bound=Model)
+P = ParamSpec("P")
 
 Wait = Literal["peer", "local"]
 WAITS: Final = ("peer", "local")
@@ -65,6 +74,27 @@ class TransactionParts:
     limits: Limits
     text_ids: ClientIds
     entropy: Callable[[int], bytes]
+    durable: bool
+    """Whether the node is durable (it creates a system) or a client (it joins one)."""
+    check_open: Callable[[], None]
+    """Raises NodeClosed once the node is closed."""
+
+
+def check_entity_id(model: type[Model], entity_id: object) -> EntityId:
+    """``entity_id`` as an :class:`EntityId`; InvalidArgument for a ``str`` (naming
+    ``EntityId.from_base64``) or anything else that is not 32 bytes."""
+    if isinstance(entity_id, EntityId):
+        return entity_id
+    if isinstance(entity_id, str):
+        raise InvalidArgument(
+            f"{model.__name__} ids are EntityId values, not str: parse the text form with "
+            f"EntityId.from_base64({entity_id!r})"
+        )
+    if isinstance(entity_id, bytes) and len(entity_id) == 32:
+        return EntityId(entity_id)
+    raise InvalidArgument(
+        f"{model.__name__} ids are EntityId values (a view's .id), not {type(entity_id).__name__}"
+    )
 
 
 class Transaction:
@@ -82,7 +112,32 @@ class Transaction:
         self._open = True
         self._commit: Commit | None = None
 
+    def __del__(self) -> None:
+        if getattr(self, "_open", False) and not self._node_closed():
+            touched = len(self._drafts)
+            lost = f": its changes to {touched} entities are lost" if touched else ""
+            warnings.warn(
+                f"a Transaction was dropped without being committed or rolled back{lost}; "
+                f"use 'async with ctx.transaction() as trx:' or 'await trx.commit()'",
+                ResourceWarning,
+                source=self,
+                stacklevel=2,
+            )
+
+    def _node_closed(self) -> bool:
+        """Whether the node is closed (then NodeClosed said it all: no warning)."""
+        try:
+            self._parts.check_open()
+        except NodeClosed:
+            return True
+        return False
+
     async def __aenter__(self) -> Transaction:
+        try:
+            self._parts.check_open()
+        except BaseException:
+            self._open = False  # never usable: nothing to warn about
+            raise
         return self
 
     async def __aexit__(
@@ -102,19 +157,33 @@ class Transaction:
         return self._open
 
     def _check_open(self) -> None:
+        self._parts.check_open()
         if not self._open:
             raise TransactionClosed("this transaction has been committed or rolled back")
 
-    def create(self, model: type[M], **values: object) -> M:
+    def create(self, model: Callable[P, M], /, *args: P.args, **values: P.kwargs) -> M:
         """Create an entity; returns a mutable handle whose ``id`` is final already.
 
-        Raises InvalidArgument for unknown fields, missing required fields or bad values,
-        and SystemNotReady if the node has no system root yet.
+        Field values are keyword arguments, typed for type checkers (``trx.create(Note,
+        title=5)`` is a mypy error when ``title`` is a ``str``). Raises InvalidArgument for
+        unknown fields, missing required fields or bad values, and SystemNotReady if the
+        node has no system root yet.
         """
         self._check_open()
+        if args:
+            raise InvalidArgument("trx.create takes field values by keyword only")
+        return self._create(cast("type[M]", model), values)
+
+    def _create(self, model: type[M], values: dict[str, object]) -> M:
         root = self._parts.system_root()
         if root is None:
-            raise SystemNotReady("create_system() or join_system() before creating entities")
+            raise SystemNotReady(
+                "this node has no system root yet: create_system() or join_system() first"
+                if self._parts.durable
+                else "this client has not joined a system yet: connect once to a server to "
+                "join its system (or, to work offline from the very first run, "
+                "join_system() with the system's root events shipped with the app)"
+            )
         unknown = set(values) - set(model._fields)
         if unknown:
             raise InvalidArgument(f"{model.__name__} has no field(s) {sorted(unknown)}")
@@ -155,6 +224,7 @@ class Transaction:
         deleted, or not a ``model``.
         """
         self._check_open()
+        entity_id = check_entity_id(model, entity_id)
         draft = self._drafts.get(entity_id)
         if draft is None:
             entity = await self._parts.reads.entity(entity_id)
@@ -235,7 +305,8 @@ class Transaction:
 
     async def rollback(self) -> None:
         """Discard every change."""
-        self._check_open()
+        if not self._open:
+            raise TransactionClosed("this transaction has been committed or rolled back")
         self._open = False
         self._release_text_ids()
         self._drafts.clear()

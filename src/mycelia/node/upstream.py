@@ -105,11 +105,18 @@ class ConnectionState(enum.Enum):
 
 
 class Link:
-    """The current session with the durable peer and the connection state (one place)."""
+    """The current session with the durable peer and the connection state (one place).
+
+    ``error`` is why the last session ended or the last attempt failed. A link that the
+    peer refused for good (:meth:`refuse`: a policy or token refusal, another system) is
+    CLOSED with that refusal in ``refusal``, and every wait raises it.
+    """
 
     def __init__(self) -> None:
         self.state = ConnectionState.CONNECTING  # a link exists to be connected
         self.error: BaseException | None = None
+        self.refusal: MyceliaError | None = None
+        """Why the peer will never take this node, once it said so (the link is CLOSED)."""
         self.session: Session | None = None
         """The open session (handshake done), READY or still being prepared."""
         self._changed = asyncio.Condition()
@@ -126,15 +133,27 @@ class Link:
                 self.state = state
             self._changed.notify_all()
 
+    async def refuse(self, refusal: MyceliaError) -> None:
+        """The peer refused this node for good: CLOSED, and every wait raises ``refusal``."""
+        self.error = self.refusal = refusal
+        await self.set_state(ConnectionState.CLOSED)
+
+    def reopen(self) -> None:
+        """Make a CLOSED link usable by a new connection (``connect`` again, e.g. with a
+        new token after a refusal)."""
+        if self.state is ConnectionState.CLOSED:
+            self.state = ConnectionState.CONNECTING
+            self.error = self.refusal = None
+
     async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until READY; raises TimeoutError after ``timeout``, ConnectionClosed if the
-        link is closed first."""
+        """Wait until READY; raises TimeoutError after ``timeout``, the refusal if the peer
+        refused this node, ConnectionClosed if the link is closed first."""
         await self.wait_state(ConnectionState.READY, timeout, closed_raises=True)
 
     async def wait_state(
         self, state: ConnectionState, timeout: float | None = None, *, closed_raises: bool = False
     ) -> None:
-        """Wait until the link is in ``state``."""
+        """Wait until the link is in ``state``; raises as :meth:`wait_ready` does."""
 
         def reached() -> bool:
             return self.state is state or self.state is ConnectionState.CLOSED
@@ -142,6 +161,8 @@ class Link:
         async with asyncio.timeout(timeout), self._changed:
             await self._changed.wait_for(reached)
         if self.state is not state and (closed_raises or state is not ConnectionState.CLOSED):
+            if self.refusal is not None:
+                raise self.refusal
             raise ConnectionClosed("the connection to the durable peer was closed")
 
     async def request(

@@ -13,7 +13,7 @@ from mycelia.proto.event import (
 )
 from mycelia.proto.ids import EntityId, EventId, NodeId
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
-from mycelia.proto.state import Attested, EntityState, State
+from mycelia.proto.state import Attested, Deferred, EntityState, State
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -22,6 +22,7 @@ __all__ = [
     "AdmittedEvent",
     "Attested",
     "Clock",
+    "Deferred",
     "EntityId",
     "EntityState",
     "Event",

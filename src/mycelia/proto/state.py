@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -30,24 +30,103 @@ from mycelia.proto.codec import (
 from mycelia.proto.ids import ID_LENGTH, EntityId, EventId
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["Attested", "EntityState", "State"]
+__all__ = ["Attested", "Buffer", "Deferred", "EntityState", "State"]
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+class Deferred:
+    """A state buffer computed when first read, then kept (ARCHITECTURE.md §5: a text
+    state is canonicalised lazily). ``make`` must be a pure function of what it captured."""
+
+    __slots__ = ("_make", "_value")
+
+    def __init__(self, make: Callable[[], bytes]) -> None:
+        self._make: Callable[[], bytes] | None = make
+        self._value = b""
+
+    def get(self) -> bytes:
+        """The buffer (computed on the first call)."""
+        make = self._make
+        if make is not None:
+            self._value = make()
+            self._make = None
+        return self._value
+
+    @property
+    def ready(self) -> bool:
+        """Whether the buffer has been computed."""
+        return self._make is None
+
+
+Buffer = bytes | Deferred
+"""A backend's state buffer, or one computed when first read."""
+
+
 class State:
-    """One entity's materialised state: backend buffers, head, head generations."""
+    """One entity's materialised state: backend buffers, head, head generations.
+
+    Immutable. A buffer may be given as a :class:`Deferred`: it is computed the first time
+    :attr:`buffers` is read (equality and hashing read it), so a state that nobody reads
+    (an in-memory store's, replaced by the next write) never pays for it.
+    """
+
+    __slots__ = ("_buffers", "_parts", "generations", "head")
 
     head: Clock
     generations: tuple[int, ...]
     """The generation of each id in ``head`` (same order as ``head.ids``)."""
-    buffers: tuple[tuple[str, bytes], ...]
-    """Per backend (sorted by name), its state buffer."""
+    _buffers: tuple[tuple[str, bytes], ...] | None
+    _parts: tuple[tuple[str, Buffer], ...] | None
 
-    def __post_init__(self) -> None:
-        if len(self.generations) != len(self.head):
+    def __init__(
+        self,
+        head: Clock,
+        generations: tuple[int, ...],
+        buffers: tuple[tuple[str, Buffer], ...],
+    ) -> None:
+        if len(generations) != len(head):
             raise InvalidArgument("a state needs one generation per head id")
+        setattr_ = object.__setattr__
+        setattr_(self, "head", head)
+        setattr_(self, "generations", generations)
+        lazy = any(type(b) is Deferred for _, b in buffers)
+        setattr_(self, "_parts", buffers if lazy else None)
+        setattr_(self, "_buffers", None if lazy else buffers)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"State is immutable (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"State is immutable (cannot delete {name!r})")
+
+    @property
+    def buffers(self) -> tuple[tuple[str, bytes], ...]:
+        """Per backend (sorted by name), its state buffer."""
+        buffers = self._buffers
+        if buffers is None:
+            parts = self._parts or ()
+            buffers = tuple((name, b.get() if isinstance(b, Deferred) else b) for name, b in parts)
+            object.__setattr__(self, "_buffers", buffers)
+            object.__setattr__(self, "_parts", None)
+        return buffers
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, State):
+            return NotImplemented
+        return (
+            self.head == other.head
+            and self.generations == other.generations
+            and self.buffers == other.buffers
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.head, self.generations, self.buffers))
+
+    def __repr__(self) -> str:
+        return (
+            f"State(head={self.head!r}, generations={self.generations!r}, buffers={self.buffers!r})"
+        )
 
     @classmethod
     def empty(cls) -> State:
@@ -55,8 +134,9 @@ class State:
         return cls(EMPTY_CLOCK, (), ())
 
     @classmethod
-    def of(cls, *, head: Mapping[EventId, int], buffers: Mapping[str, bytes]) -> State:
-        """A state from a head (id → generation) and buffers (backend → bytes)."""
+    def of(cls, *, head: Mapping[EventId, int], buffers: Mapping[str, Buffer]) -> State:
+        """A state from a head (id → generation) and buffers (backend → bytes, or a
+        :class:`Deferred`)."""
         clock = Clock(head)
         return cls(
             clock,

@@ -115,9 +115,10 @@ def random_value(field: FieldKind, rng: random.Random) -> object:
     return _RANDOM[field.kind](rng)
 
 
-def random_values(model: type[Model], rng: random.Random) -> dict[str, object]:
-    """Values for ``trx.create(model, **values)``: every required field, some optional ones."""
-    values = {}
+def random_values(model: type[Model], rng: random.Random) -> dict[str, typing.Any]:
+    """Values for ``trx.create(model, **values)``: every required field, some optional ones
+    (typed ``Any``: the values fit the model at run time, as the type checker cannot see)."""
+    values: dict[str, typing.Any] = {}
     for field in field_kinds(model):
         if field.required or rng.random() < 0.6:
             values[field.name] = random_value(field, rng)

@@ -201,7 +201,7 @@ async def check_convergence(
     """
     pairs = named(nodes)
     for entity_id in await _entities(pairs, entities):
-        by_events: dict[frozenset[EventId], tuple[str, EntityState]] = {}
+        by_history: dict[object, tuple[str, EntityState]] = {}
         replicas = []
         for name, node in pairs:
             events = frozenset(e.id for e in await node.storage.events_of(entity_id))
@@ -210,16 +210,24 @@ async def check_convergence(
             replicas.append(_Replica(name, node.durable, stored, events))
             if stored is None:
                 continue
-            seen = by_events.setdefault(events, (name, stored))
+            seen = by_history.setdefault(_history(events, stored), (name, stored))
             if _fingerprint(seen[1]) != _fingerprint(stored):
+                held = f"{len(events)} events" if events else f"head {stored.state.head!r}"
                 raise Divergence(
-                    f"{name} and {seen[0]} hold the same {len(events)} events but differ: "
+                    f"{name} and {seen[0]} hold the same {held} but differ: "
                     + _describe(seen, (name, stored)),
                     node=name,
                     entity=entity_id,
                 )
         if complete:
             _check_complete(replicas, entity_id)
+
+
+def _history(events: frozenset[EventId], stored: EntityState) -> object:
+    """What a replica's state is a function of: the events it holds, or, for a cache that
+    holds none, the head it was given (two caches at different heads are not comparable:
+    one may lag, and only ``complete`` asks that none does)."""
+    return events if events else ("head", stored.state.head)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ input has found a bug, not a bad example.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import strategies as st
 
 from mycelia.entity.model import Model
@@ -147,10 +149,10 @@ def field_values(field: FieldKind) -> st.SearchStrategy[object]:
 
 
 @st.composite
-def model_values(draw: st.DrawFn, model: type[Model]) -> dict[str, object]:
+def model_values(draw: st.DrawFn, model: type[Model]) -> dict[str, Any]:
     """Keyword arguments for ``trx.create(model, **values)``: every required field and a
-    drawn subset of the others."""
-    values = {}
+    drawn subset of the others (typed ``Any``: they fit the model at run time)."""
+    values: dict[str, Any] = {}
     for field in field_kinds(model):
         if field.required or draw(st.booleans()):
             values[field.name] = draw(field_values(field))

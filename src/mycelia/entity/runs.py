@@ -1,0 +1,152 @@
+"""What one applier run plans, checks and reports (see :meth:`Applier.staging`).
+
+Invariants:
+
+- A :class:`Plan` is one entity's part of a run; it joins the :class:`Run` only after the
+  caller's :data:`EventCheck` passed on every event it applies, and its ``after`` snapshot
+  is taken then (a later plan of the same run may change the entity further).
+- An :class:`EntityChange` is reported only for what the run made durable.
+- An :class:`Overlay` shows the events staged earlier in a run above storage, which does
+  not hold them until the run's single write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+
+from mycelia.entity.entity import Entity, Snapshot
+from mycelia.errors import MyceliaError
+from mycelia.proto import AdmittedEvent, EntityId, EventId
+from mycelia.retrieval import CachedGetter, EventSource, LocalGetter
+
+__all__ = [
+    "NEW_ENTITY",
+    "EntityChange",
+    "EventCheck",
+    "ForkBase",
+    "IngestResult",
+    "Meta",
+    "Overlay",
+    "Plan",
+    "Run",
+    "differing",
+    "fetched",
+]
+
+Meta = tuple[tuple[str, bytes | None], ...]
+"""Meta records written with a run: (key, value), ``None`` deletes."""
+
+
+@dataclass(frozen=True, slots=True)
+class EntityChange:
+    """One entity changed by an applier run."""
+
+    before: Snapshot
+    after: Snapshot
+    events: tuple[AdmittedEvent, ...]
+    """The events applied, parents first."""
+    changed: frozenset[str]
+    """Properties whose values changed."""
+
+
+@dataclass(slots=True)
+class IngestResult:
+    """What an applier run did."""
+
+    changes: list[EntityChange] = field(default_factory=list)
+    stored: list[AdmittedEvent] = field(default_factory=list)
+    """Events made durable by this run (new to this node)."""
+    held: list[EventId] = field(default_factory=list)
+    """Events waiting for parents (see :attr:`missing`)."""
+    missing: set[EventId] = field(default_factory=set)
+    """Parent ids nobody here has: ask a peer for them."""
+    errors: dict[EntityId, MyceliaError] = field(default_factory=dict)
+    """Entities whose events were refused (non-atomic runs only)."""
+
+    def raise_first(self) -> None:
+        """Raise the first error, if any."""
+        for error in self.errors.values():
+            raise error
+
+
+EventCheck = Callable[[Snapshot, Snapshot, AdmittedEvent], None]
+"""A policy hook run before durability: (before, after, event); raise PolicyDenied to refuse."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForkBase:
+    """What a transaction's fork of an entity started from (see :meth:`Applier.base`)."""
+
+    head: Mapping[EventId, int]
+    """The fork's head, id → generation: the parents (and generations) of its event."""
+    epoch: int
+    """The entity's reset count when forked: a reset since then voids the fork."""
+
+
+NEW_ENTITY = ForkBase({}, 0)
+"""The base of an entity created by the transaction itself."""
+
+
+@dataclass(slots=True)
+class Plan:
+    entity: Entity
+    before: Snapshot
+    staged: list[AdmittedEvent]
+    """Events to store (new to this node)."""
+    applied: list[AdmittedEvent]
+    """Events applied to the entity, parents first."""
+    changed: set[str]
+    snapshot: bool = False
+    """A merged or replaced state: written (and reported) even when no event applied."""
+    after: Snapshot | None = None
+    """The entity as this plan left it (taken when the plan joins its run: a later plan of
+    the same run may change the entity further)."""
+
+
+@dataclass(slots=True)
+class Run:
+    """One staging run's plans and what is written with them (see :meth:`Applier.staging`)."""
+
+    meta: Meta
+    forget: tuple[EntityId, ...]
+    plans: list[Plan] = field(default_factory=list)
+
+    def add(self, plan: Plan | None, check: EventCheck | None = None) -> None:
+        """Keep ``plan`` for the write, after ``check`` passed on every applied event."""
+        if plan is None:
+            return
+        after = plan.after = plan.entity.snapshot()
+        if check is not None:
+            for applied in plan.applied:
+                check(plan.before, after, applied)
+        self.plans.append(plan)
+
+
+class Overlay:
+    """Events staged earlier in a run, over storage (which does not hold them yet)."""
+
+    __slots__ = ("_earlier", "_store")
+
+    def __init__(self, earlier: Mapping[EventId, AdmittedEvent], store: EventSource) -> None:
+        self._earlier = earlier
+        self._store = store
+
+    async def get_events(
+        self, ids: Collection[EventId], *, ahead: int = 0
+    ) -> Mapping[EventId, AdmittedEvent]:
+        found = {i: self._earlier[i] for i in ids if i in self._earlier}
+        rest = [i for i in ids if i not in found]
+        if rest:
+            found.update(await self._store.get_events(rest, ahead=ahead))
+        return found
+
+
+def differing(before: Snapshot, entity: Entity) -> set[str]:
+    after = entity.values()
+    return {k for k in before.values.keys() | after.keys() if before.values.get(k) != after.get(k)}
+
+
+def fetched(getter: LocalGetter) -> list[AdmittedEvent]:
+    """Events a cached getter fetched from the peer (stored with the result)."""
+    return getter.fetched() if isinstance(getter, CachedGetter) else []

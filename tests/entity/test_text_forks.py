@@ -1,0 +1,70 @@
+"""Text forks take the resident's spare document and give it back (ARCHITECTURE.md §5)."""
+
+from __future__ import annotations
+
+from mycelia import Model, Node, Text
+from mycelia.proto import State
+from mycelia.storage import MemoryStorage
+
+
+class Note(Model, collection="notes"):
+    body: Text
+
+
+async def _node() -> Node:
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    return node
+
+
+async def test_sequential_and_concurrent_text_transactions_keep_every_edit() -> None:
+    node = await _node()
+    ctx = node.context()
+    async with ctx.transaction() as trx:
+        note_id = trx.create(Note, body="ab").id
+    for i in range(5):  # the second fork on takes the spare, the commit gives it back
+        async with ctx.transaction() as trx:
+            (await trx.edit(Note, note_id)).body.insert(0, str(i))
+    first, second = ctx.transaction(), ctx.transaction()
+    (await first.edit(Note, note_id)).body.insert(0, "X")  # holds the spare
+    (await second.edit(Note, note_id)).body.insert(0, "Y")  # copies the document
+    await second.commit()
+    await first.commit()  # made on an older head: taken back and brought up to date
+    rolled = ctx.transaction()
+    (await rolled.edit(Note, note_id)).body.insert(0, "Z")
+    await rolled.rollback()  # its document is dropped
+    async with ctx.transaction() as trx:
+        (await trx.edit(Note, note_id)).body.insert(0, "!")
+    text = str((await ctx.get(Note, note_id)).body)
+    assert sorted(text) == sorted("!XY43210ab")
+    assert text.endswith("43210ab")
+    assert text.startswith("!")
+    # A replica given the same events holds the same canonical buffer.
+    replica = await Node.open(MemoryStorage(), durable=True)
+    await replica.join_system(await node.system_events())
+    await replica.ingest(await ctx.history(Note, note_id))
+    ours = await node.storage.get_state(note_id)
+    theirs = await replica.storage.get_state(note_id)
+    assert ours is not None
+    assert theirs is not None
+    assert ours.state == theirs.state
+    assert str((await replica.context().get(Note, note_id)).body) == text
+
+
+async def test_a_lazy_state_buffer_is_the_canonical_one() -> None:
+    node = await _node()
+    ctx = node.context()
+    async with ctx.transaction() as trx:
+        note_id = trx.create(Note, body="").id
+    for i in range(40):
+        async with ctx.transaction() as trx:
+            (await trx.edit(Note, note_id)).body.insert(i // 2, "xy"[i % 2])
+    stored = await node.storage.get_state(note_id)
+    assert stored is not None
+    rebuilt = State(stored.state.head, stored.state.generations, stored.state.buffers)
+    fresh = await Node.open(MemoryStorage(), durable=True)
+    await fresh.join_system(await node.system_events())
+    await fresh.ingest(await ctx.history(Note, note_id))
+    again = await fresh.storage.get_state(note_id)
+    assert again is not None
+    assert again.state == rebuilt
