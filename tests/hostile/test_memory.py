@@ -3,23 +3,25 @@ stays bounded").
 
 At once: a slow consumer of 64 KiB events, 1,000 unread 1 MB answers and 100 connections
 each holding half of a 4 MiB frame; then 800 commits of 1 MB each. The server's memory
-stays under :data:`RSS_BOUND`, each offender is cut off (closed with 1008 and a reason
+stays bounded (below), each offender is cut off (closed with 1008 and a reason
 naming ``Overloaded``), and a well-behaved client is answered throughout: nearly always
 (:data:`ON_TIME` of its round trips) within :data:`SERVED_WITHIN`, and never later than
 :data:`SLOWEST` (the test's own process shares the machine's cores with the server while
 it makes and sends 800 MB of commits).
 
-``RSS_BOUND`` bounds the server's anonymous memory (``RssAnon``: its heap, what the defects
-grew) and follows from the documented defaults (``docs/protocol.md``, "Bounds"): the
-interpreter and the node (about 60 MiB), the answer pool (32 MiB), unfinished messages of
-all connections (32 MiB), one connection's outgoing budget and subscriber backlog per
-offender (8 MiB each), the caches (resident entities 32 MiB, LMDB's recent events 16 MiB)
-— 300 MiB leaves room for the allocator. The pages of ``data.mdb`` that LMDB's read-only
-map has touched (``RssFile``) are the kernel's page cache, shared and dropped under memory
-pressure; they are printed and held to the looser :data:`TOTAL_BOUND` with the rest.
-Before issue 16 the unread answers alone took 960 MiB, and the commits 3.2 GB.
+The server's resident memory (``VmRSS``) stays under :data:`RSS_BOUND`, the issue's 300
+MiB, and its anonymous part (``RssAnon``: its heap, what the defects grew) under
+:data:`HEAP_BOUND`, which follows from the documented defaults (``docs/protocol.md``,
+"Bounds"): the interpreter and the node (about 60 MiB), the answer pool (32 MiB),
+unfinished messages of all connections (32 MiB), one connection's outgoing budget per
+offender (8 MiB each) and the subscriber's backlog (8 MiB), the caches (resident entities
+32 MiB, LMDB's recent events 16 MiB): 196 MiB. The rest of ``VmRSS`` is file pages (the
+shared libraries, and the pages of ``data.mdb`` LMDB's read-only map has touched: the
+kernel's page cache, about 100 MiB here). Before issue 16 the unread answers alone took
+960 MiB, and the commits 3.2 GB. (Measured: ``VmRSS`` 249-256 MiB, ``RssAnon`` 147-153
+MiB; 99.6-99.8 % of round trips within 100 ms, median 7-9 ms, slowest 148-226 ms.)
 
-This is a ``slow`` test (about a minute: the unfinished messages are cut off after the
+This is a ``slow`` test (about two minutes: the unfinished messages are cut off after the
 default 30 s); the same attacks at small scale, in-process, are in
 ``tests/node/test_bounds.py``.
 """
@@ -45,7 +47,7 @@ pytestmark = pytest.mark.slow
 
 MIB = 1024 * 1024
 RSS_BOUND = 300 * MIB
-TOTAL_BOUND = 512 * MIB
+HEAP_BOUND = 200 * MIB
 SERVED_WITHIN = 0.1
 ON_TIME = 0.95
 SLOWEST = 0.5
@@ -162,8 +164,8 @@ async def test_memory_stays_bounded_and_offenders_are_cut_off(served: Served) ->
         + f"; {len(trips)} round trips, {on_time:.1%} within {SERVED_WITHIN * 1000:.0f} ms,"
         f" median {trips[len(trips) // 2] * 1000:.0f} ms, slowest {trips[-1] * 1000:.0f} ms"
     )
-    assert watch.peak["RssAnon"] < RSS_BOUND
-    assert watch.peak["VmRSS"] < TOTAL_BOUND
+    assert watch.peak["VmRSS"] < RSS_BOUND
+    assert watch.peak["RssAnon"] < HEAP_BOUND
     assert on_time >= ON_TIME
     assert trips[-1] < SLOWEST
     assert await served.metric("mycelia_connections_closed_total", reason="Overloaded") >= 2
