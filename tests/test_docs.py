@@ -102,7 +102,14 @@ def test_the_example_runs_and_prints_what_it_says(name: str) -> None:
         assert expected in lines, done.stdout
 
 
-PAGES = ["ARCHITECTURE.md", "README.md", "CHANGELOG.md", "docs/STYLE.md", "docs/clients.md"]
+PAGES = [
+    "ARCHITECTURE.md",
+    "README.md",
+    "CHANGELOG.md",
+    "docs/STYLE.md",
+    "docs/clients.md",
+    "docs/protocol.md",
+]
 PATH = re.compile(
     r"(?<![\w/.])((?:src/|tests/|docs/|examples/|benches/)?"
     r"(?:mycelia/)?[\w-]+(?:/[\w-]+)*\.(?:py|md))\b"
@@ -123,7 +130,6 @@ def _exists(reference: str) -> bool:
 def test_a_page_names_only_files_that_exist(page: str) -> None:
     text = (ROOT / page).read_text()
     named = {m for m in PATH.findall(text) if "/" in m or m.endswith(".md")}
-    named -= {"protocol.md", "docs/protocol.md"}  # being written with the wire protocol (issue 16)
     dead = sorted(reference for reference in named if not _exists(reference))
     assert dead == [], f"{page} names missing files: {dead}"
 

@@ -121,3 +121,11 @@ def test_booleans_read_the_usual_spellings() -> None:
     assert [parse_bool(t) for t in ("1", "TRUE", "yes", "On", "0", "false", "no", "off")] == [
         True
     ] * 4 + [False] * 4
+
+
+def test_connection_limits_come_from_flags_or_the_environment() -> None:
+    assert (serve_args().max_connections, serve_args().max_connections_per_ip) == (1024, None)
+    args = serve_args("--max-connections", "50", env={"MYCELIA_MAX_CONNECTIONS_PER_IP": "4"})
+    assert (args.max_connections, args.max_connections_per_ip) == (50, 4)
+    with pytest.raises(ConfigError, match="MYCELIA_MAX_CONNECTIONS='0': expected a whole"):
+        serve_args(env={"MYCELIA_MAX_CONNECTIONS": "0"})

@@ -112,6 +112,14 @@ async def start(data: Path, *args: str) -> Served:
     return Served(process, line.decode().split()[-1])
 
 
+def decode_bomb(size: int) -> bytes:
+    """A Presence-tagged frame of ``size`` bytes: nested empty arrays, one per byte (what
+    cost a server 2 s and 290 MB to decode before issue 16)."""
+    inner = b"\xdc" + (400).to_bytes(2, "big") + b"\x90" * 400
+    count = size // len(inner)
+    return b"\x92\x01\xdc" + count.to_bytes(2, "big") + inner * count
+
+
 def issuer_file(path: Path) -> TokenIssuer:
     """A token issuer whose secret is written to ``path`` (for ``--token-secret-file``)."""
     issuer = TokenIssuer()

@@ -46,7 +46,7 @@ from mycelia.proto.peering import (
     SubscriptionUpdate,
 )
 from mycelia.storage import MemoryStorage
-from tests.hostile.serving import RawPeer, Served, issuer_file, start
+from tests.hostile.serving import RawPeer, Served, decode_bomb, issuer_file, start
 
 MIB = 1024 * 1024
 PAGE_TYPES = tuple(PAGES.values())
@@ -288,13 +288,6 @@ async def test_a_real_client_still_connects(served: Served) -> None:
 # -- 5: decode amplification before the handshake ---------------------------------------
 
 
-def empty_arrays(size: int) -> bytes:
-    """A Presence-tagged frame of ``size`` bytes: nested empty arrays, one per byte."""
-    inner = b"\xdc" + (400).to_bytes(2, "big") + b"\x90" * 400
-    count = size // len(inner)
-    return b"\x92\x01\xdc" + count.to_bytes(2, "big") + inner * count
-
-
 async def _send_and_drain(ws: ClientConnection, frame: bytes) -> None:
     await ws.send(frame)
     async with asyncio.timeout(10):
@@ -312,7 +305,7 @@ async def test_a_decode_bomb_before_the_handshake_costs_the_server_nothing(
     server = await start(tmp_path / "data", *(["--deflate"] if deflate else []))
     try:
         before, cpu = server.rss(), server.cpu()
-        bomb = empty_arrays(4 * MIB)
+        bomb = decode_bomb(4 * MIB)
         for _ in range(3):
             ws = await ws_connect(
                 server.url, max_size=None, compression="deflate" if deflate else None
@@ -325,6 +318,46 @@ async def test_a_decode_bomb_before_the_handshake_costs_the_server_nothing(
         assert server.rss() - before < 64 * MIB
         client = await client_of(server.url)
         await client.close()
+    finally:
+        await server.stop()
+
+
+# -- 6: connection limits ------------------------------------------------------------------
+
+
+async def test_idle_connections_past_the_limit_are_refused_then_time_out(tmp_path: Path) -> None:
+    """Defect 6: 2,000 idle connections were accepted. Now ``mycelia serve`` holds at most
+    ``--max-connections`` (1,024 by default) and closes one more with 1013 (Overloaded);
+    a connection that never completes the handshake is closed after its timeout, and then
+    there is room again. (The byte bounds: ``tests/hostile/test_memory.py``.)"""
+    server = await start(tmp_path / "data", "--max-connections", "20")
+    try:
+        idle = [await RawPeer.open(server.url, handshake=False) for _ in range(20)]
+        extra = await RawPeer.open(server.url, handshake=False)
+        code, reason = await extra.closed()
+        assert (code, reason.split(":")[0]) == (1013, "11006 Overloaded")
+        for peer in idle:  # none of them completes the handshake
+            code, _ = await peer.closed(timeout=30)
+            assert code is not None
+        client = await client_of(server.url)  # room again
+        await client.close()
+    finally:
+        await server.stop()
+
+
+async def test_connections_from_one_address_are_limited_by_the_flag(tmp_path: Path) -> None:
+    """Defect 6: ``--max-connections-per-ip`` bounds one address's connections."""
+    server = await start(tmp_path / "data", "--max-connections-per-ip", "3")
+    try:
+        held = [await RawPeer.open(server.url) for _ in range(3)]
+        extra = await RawPeer.open(server.url, handshake=False)
+        code, reason = await extra.closed()
+        assert (code, reason.split(":")[0]) == (1013, "11006 Overloaded")
+        await held[0].close()
+        client = await client_of(server.url)  # room again (it redials if refused meanwhile)
+        await client.close()
+        for peer in held[1:]:
+            await peer.close()
     finally:
         await server.stop()
 

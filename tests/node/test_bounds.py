@@ -76,6 +76,42 @@ async def test_an_outgoing_queue_counts_bytes_until_written() -> None:
     assert await out.get() is None
 
 
+async def test_waiting_for_the_node_s_pool_alone_does_not_make_a_peer_stuck() -> None:
+    pool = Pool(100)
+    busy, idle = Outgoing(1000, pool), Outgoing(1000, pool)
+    await busy.put(100, lambda: b"x" * 100)  # the whole pool, in a frame not yet written
+    waiting = asyncio.ensure_future(idle.put(50, lambda: b"y" * 50))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    assert not idle.stuck(idle.written_frames)  # nothing queued for it: not its fault
+    assert busy.stuck(busy.written_frames)  # a frame waits and none was written
+    item = await busy.get()
+    assert item is not None
+    assert busy.stuck(busy.written_frames)  # being written counts as waiting
+    busy.written(item)
+    await waiting
+    assert (pool.used, idle.queued_bytes, busy.queued_bytes) == (50, 50, 0)
+
+
+async def test_room_reserved_ahead_is_taken_over_by_the_frame_or_left_to_its_owner() -> None:
+    pool = Pool(1000)
+    out = Outgoing(1000, pool)
+    await out.reserve(300)
+    slot = [300]
+    await out.put(120, lambda: b"z" * 120, slot=slot)  # the excess goes back at once
+    assert (slot, out.queued_bytes, pool.used) == ([0], 120, 120)
+    await out.reserve(300)
+    slot = [300]
+    cancelled = asyncio.ensure_future(out.put(2000, lambda: b"w" * 2000, slot=slot))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert slot == [300]  # still its owner's to give back
+    out.unreserve(slot[0])
+    assert (out.queued_bytes, pool.used) == (120, 120)
+
+
 async def test_requests_in_flight_pause_the_reader_by_count_and_by_bytes() -> None:
     flight = InFlight(count=2, size=100)
     flight.add(80)

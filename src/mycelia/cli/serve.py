@@ -27,11 +27,17 @@ import signal
 import ssl
 
 from mycelia.cli.data import DEFAULT_DATA, open_storage
-from mycelia.cli.settings import env_option, parse_choice, parse_port, parse_seconds
+from mycelia.cli.settings import (
+    env_option,
+    parse_choice,
+    parse_count,
+    parse_port,
+    parse_seconds,
+)
 from mycelia.errors import ConfigError
 from mycelia.node import Node
 from mycelia.node.listen import bind, is_loopback, server_tls
-from mycelia.node.server import Server, serve
+from mycelia.node.server import MAX_CONNECTIONS, Server, serve
 from mycelia.node.tokens import TokenAgent, TokenIssuer, load_public_key
 
 __all__ = ["add_serve_command", "policy_from", "serve_command"]
@@ -53,6 +59,7 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _store_flags(cmd)
     _auth_flags(cmd)
     _http_flags(cmd)
+    _limit_flags(cmd)
     cmd.set_defaults(run=serve_command)
 
 
@@ -138,6 +145,20 @@ def _http_flags(cmd: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _limit_flags(cmd: argparse.ArgumentParser) -> None:
+    env_option(
+        cmd, "--max-connections", env="MYCELIA_MAX_CONNECTIONS", default=MAX_CONNECTIONS,
+        parse=parse_count, metavar="N",
+        help="connections held at once, handshaking or ready; one more is closed with 1013 "
+        "(Overloaded)",
+    )  # fmt: skip
+    env_option(
+        cmd, "--max-connections-per-ip", env="MYCELIA_MAX_CONNECTIONS_PER_IP", default=None,
+        parse=parse_count, metavar="N",
+        help="connections held at once from one address (none: only --max-connections)",
+    )  # fmt: skip
+
+
 def policy_from(args: argparse.Namespace) -> TokenAgent | None:
     """The token agent ``--auth tokens`` asks for (``None``: open). Raises ConfigError."""
     keys = [k for k in (args.token_secret_file, args.token_public_key_file) if k is not None]
@@ -192,6 +213,8 @@ async def serve_command(args: argparse.Namespace) -> int:
             health=args.health == "on",
             metrics_endpoint=args.metrics != "off",
             metrics_auth=policy.allows_metrics if policy and args.metrics == "token" else None,
+            max_connections=args.max_connections,
+            max_connections_per_ip=args.max_connections_per_ip,
         )
     except BaseException:
         sock.close()

@@ -25,6 +25,7 @@ __all__ = [
     "env_option",
     "parse_bool",
     "parse_choice",
+    "parse_count",
     "parse_duration",
     "parse_port",
     "parse_seconds",
@@ -143,6 +144,17 @@ def parse_seconds(text: str) -> float:
 
 DURATION: Final = re.compile(r"(\d+)([smhd])")
 UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_count(text: str) -> int:
+    """A whole number, 1 or more."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise ConfigError("expected a whole number, 1 or more") from None
+    if count < 1:
+        raise ConfigError("expected a whole number, 1 or more")
+    return count
 
 
 def parse_duration(text: str) -> int:

@@ -14,11 +14,14 @@ delta): past that, the snapshot.
 The query cost budget (ARCHITECTURE.md §8): a peer's query costs its predicate's tests
 (:func:`~mycelia.proto.query.syntax.cost`) per row it is evaluated on. More than
 :data:`MAX_QUERY_TERMS` tests is refused at once; a query of more than
-:data:`LIGHT_TERMS` is *heavy*: it runs one at a time per connection (its ``lane``), on the
-rows its light conjuncts select (through the engine's index), and is refused before any
-evaluation when that would cost more than :data:`MAX_QUERY_WORK` tests; its evaluation
-yields to the event loop every :data:`SLICE_SECONDS`, so handshakes and cheap requests
-are never held up behind it (:func:`served_rows`).
+:data:`LIGHT_TERMS` is *heavy*: it runs one at a time per connection (its ``lane``), and
+at most :data:`HEAVY_AT_ONCE` at a time on the node (the rest wait their turn, in order),
+on the rows its light conjuncts select (through the engine's index); it is refused before
+any evaluation when that would cost more than :data:`MAX_QUERY_WORK` tests; its
+evaluation yields to the event loop every :data:`SLICE_SECONDS`. So however many
+connections send heavy queries, the event loop spends at most ``HEAVY_AT_ONCE`` slices
+on them between two rounds of everything else: handshakes, commits and cheap requests
+are never held up behind them (:func:`served_rows`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from mycelia.retrieval import LocalGetter, StagingMap, StoredState
 from mycelia.storage import StorageEngine
 
 __all__ = [
+    "HEAVY_AT_ONCE",
     "LIGHT_TERMS",
     "MAX_QUERY_TERMS",
     "MAX_QUERY_WORK",
@@ -61,6 +65,10 @@ MAX_QUERY_WORK: Final = 2_000_000
 """Most tests (rows × tests per row) one heavy query may evaluate."""
 SLICE_SECONDS: Final = 0.002
 """How long a heavy query evaluates before it yields to the event loop."""
+HEAVY_AT_ONCE: Final = 1
+"""Heavy queries one node evaluates at once, over all its connections."""
+_SLICE_TESTS: Final = 2048
+"""Tests evaluated between two looks at the clock (a look costs about as much as one)."""
 
 
 async def delta_for(
@@ -142,10 +150,16 @@ def check_cost(query: Query) -> None:
 
 
 async def served_rows(
-    storage: StorageEngine, collection: str, query: Query, *, lane: asyncio.Lock
+    storage: StorageEngine,
+    collection: str,
+    query: Query,
+    *,
+    lane: asyncio.Lock,
+    heavy: asyncio.Semaphore,
 ) -> list[StoredState]:
     """The rows of a peer's bound query, as :func:`query_rows` gives them, within the
-    query cost budget (see the module docstring; ``lane`` is the connection's).
+    query cost budget (see the module docstring; ``lane`` is the connection's, ``heavy``
+    the node's: a semaphore of :data:`HEAVY_AT_ONCE`).
 
     Raises:
         QueryTooExpensive: too many tests, or too much work.
@@ -153,7 +167,7 @@ async def served_rows(
     check_cost(query)
     if cost(query.predicate) <= LIGHT_TERMS:
         return await query_rows(storage, collection, query)
-    async with lane:
+    async with lane, heavy:
         return await _heavy_rows(storage, collection, query)
 
 
@@ -169,11 +183,12 @@ async def _heavy_rows(storage: StorageEngine, collection: str, query: Query) -> 
     matches = compile_predicate(heavy)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + SLICE_SECONDS
+    stride = max(1, _SLICE_TESTS // max(1, cost(heavy)))
     kept: dict[bytes, StoredState] = {}
     for i, row in enumerate(candidates):
         if matches(row.values):
             kept[row.state.entity_id] = row
-        if i % 32 == 31 and loop.time() > deadline:
+        if i % stride == stride - 1 and loop.time() > deadline:
             await asyncio.sleep(0)  # let the loop serve others (handshakes first of all)
             deadline = loop.time() + SLICE_SECONDS
     ordered = sort_rows(

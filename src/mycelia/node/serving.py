@@ -60,7 +60,7 @@ from mycelia.errors import (
     PresenceRejected,
     code_of,
 )
-from mycelia.node.deltas import check_cost, delta_for, served_rows
+from mycelia.node.deltas import HEAVY_AT_ONCE, check_cost, delta_for, served_rows
 from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
 from mycelia.node.ports import Peer
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
@@ -156,6 +156,8 @@ class Responder:
         """The events of each peer's commits being written now (see :meth:`on_change`)."""
         self._echoes: dict[Peer, set[tuple[EntityId, Clock]]] = {}
         """Changes (entity, head after) made only of the peer's own events, not pushed yet."""
+        self._heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
+        """The node's heavy queries being evaluated (ARCHITECTURE.md §8)."""
 
     async def handle(self, peer: Peer, msg: Message) -> Message:
         """The response to one request (raise a MyceliaError to answer with an error)."""
@@ -302,7 +304,9 @@ class Responder:
         """
         credentials = peer.credentials
         known_heads = {k.entity_id: k.head for k in known}
-        rows = await served_rows(self._storage, collection, query, lane=self._lane(peer))
+        rows = await served_rows(
+            self._storage, collection, query, lane=self._lane(peer), heavy=self._heavy
+        )
         for stored in rows:
             state = stored.state
             if not self._policy.can_read(credentials, _snapshot(state, stored.values)):
@@ -415,8 +419,10 @@ class Responder:
         return deltas
 
     async def _ranked(self, standing: _Standing, peer: Peer) -> set[EntityId]:
-        lane = self._lane(peer)
-        rows = await served_rows(self._storage, standing.collection, standing.query, lane=lane)
+        lane, heavy = self._lane(peer), self._heavy
+        rows = await served_rows(
+            self._storage, standing.collection, standing.query, lane=lane, heavy=heavy
+        )
         return {
             s.state.entity_id
             for s in rows
