@@ -33,6 +33,7 @@ from mycelia.node.client import Connection, Dialer
 from mycelia.node.commits import CommitPipeline, LocalCommits, Rejection
 from mycelia.node.context import Context, ContextParts
 from mycelia.node.deltas import query_rows
+from mycelia.node.feed import FeedFollower, follows
 from mycelia.node.identity import KEY_META, NodeKey
 from mycelia.node.live import LiveParts, Reactor
 from mycelia.node.outbox import Outbox
@@ -146,6 +147,11 @@ class Node:
             has_system=lambda: self._root is not None,
             commits=self._pipeline,
         )
+        self._feed = None
+        if follows(storage):  # other processes write this store: hear of their commits
+            notify, lock = self._notify, self._applier.lock
+            self._feed = FeedFollower(storage, residents=self._residents, lock=lock, notify=notify)
+            self._listeners.append(self._feed.reported)
         self._gate = Gatekeeper(policy, lambda: self._root)
         self._me = Identity(key, durable, limits, lambda: self._root, self._entropy)
         self._connection: Connection | None = None
@@ -200,6 +206,7 @@ class Node:
         limits: Limits,
         rng: random.Random | None,
     ) -> Node:
+        offset = await storage.last_offset()  # the feed is followed from here (node/feed.py)
         raw = await storage.get_meta(ROOT_KEY)
         root = EntityId(raw) if raw is not None else None
         stored_key = await storage.get_meta(KEY_META)
@@ -221,6 +228,8 @@ class Node:
         )
         if node._pipeline is not None:
             await node._pipeline.load()
+        if node._feed is not None:
+            node._spawn(node._feed.run(offset))
         return node
 
     # -- what a node is ------------------------------------------------------------------

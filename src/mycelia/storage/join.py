@@ -10,10 +10,12 @@ writing the state are one serialisable step per entity:
 - the stored head is in the written state's history (the writer built on it, the common
   case, decided from the write's own events without a query): store the written state;
 - otherwise (a concurrent write through another process, or a writer that was behind): the
-  two states are **joined** — every backend is a state CRDT (ARCHITECTURE.md §5), and the
-  head becomes the maximal events of both heads by the ``event_dag`` comparison, as the
-  applier merges a snapshot — so no head is lost and no stored event is left unreachable.
-  A stored state that is ahead of the written one is kept (the join adds nothing to it).
+  two states are **joined**: the events the written state has and the stored one lacks
+  (found by the ``event_dag`` comparison, usually just the writer's new ones) are applied
+  to the stored state, and the head becomes the maximal events of both heads. Every
+  backend is a CRDT (ARCHITECTURE.md §5), so this is the state of the union of both
+  histories: no head is lost and no stored event is left unreachable. A stored state
+  that is ahead of the written one is kept as it is.
 
 States whose buffers the entity layer cannot read (made by another version, or the
 synthetic states of the conformance suite) cannot be joined: they are stored as written,
@@ -71,11 +73,6 @@ async def join_stored(
     assert isinstance(new, EntityState)
     if covers(new.state.head, stored.state.head, batch):
         return None
-    try:
-        entity = Entity.from_state(new)
-        entity.merge_state(stored)
-    except DecodeError:
-        return None  # not entity state this version can read: stored as written
     hints = {**stored.state.head_generations(), **new.state.head_generations()}
     try:
         outcome = await compare(
@@ -87,9 +84,17 @@ async def join_stored(
         action = Action.REJECT
     if action is Action.NOTHING:
         return None
-    if action is Action.APPLY:
-        entity.set_head(outcome.merged_head)
-    else:  # undecidable here: keep both heads, minus what held history shows is stale
-        root = EventId(new.entity_id)
-        entity.set_head(await drop_known_ancestors(hints, events, root=root, budget=budget))
+    try:
+        if action is Action.APPLY:  # the stored state plus what the writer added to it
+            entity = Entity.from_state(stored)
+            for event in outcome.other_only:
+                entity.apply(event)
+            entity.set_head(outcome.merged_head)
+        else:  # undecidable here: join the buffers, keep both heads minus what is stale
+            entity = Entity.from_state(new)
+            entity.merge_state(stored)
+            root = EventId(new.entity_id)
+            entity.set_head(await drop_known_ancestors(hints, events, root=root, budget=budget))
+    except DecodeError:
+        return None  # not entity state this version can read: stored as written
     return StoredState(entity.to_state(), entity.snapshot().values)

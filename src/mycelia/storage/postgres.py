@@ -92,7 +92,7 @@ from mycelia.storage.engine import (
     decode_values,
     entity_records,
 )
-from mycelia.storage.join import join_stored
+from mycelia.storage.join import covers, join_stored
 from mycelia.storage.plan import IndexPlan, check_bound, index_entries, plan_query
 from mycelia.storage.postgres_listen import FeedListener
 from mycelia.storage.postgres_sql import (
@@ -131,6 +131,10 @@ def _translate(exc: Exception, what: str) -> StorageError:
     return StorageError(f"{what}: {exc}")
 
 
+_RECENT: Final = 4096
+"""Most recent events of an entity read at once to join a concurrent write."""
+_JOIN_AHEAD: Final = 8
+"""Most ancestors read ahead per step of a join's comparison (see ``_Events``)."""
 _ATTEMPTS: Final = 5
 """Runs of a write transaction that PostgreSQL aborted to break a deadlock."""
 
@@ -599,16 +603,41 @@ class PostgresStorage:
                 locked.update((bytes(e), raw) for e, raw in again)
         if locked:
             written = {bytes(s.state.entity_id): s for s in batch.states}
-            events = _Events(self._q, conn)
             for entity, raw in sorted(locked.items()):
                 own = {e.id: e for e in batch.events if bytes(e.entity_id) == entity}
-                joined = await join_stored(decode_state(raw), written[entity], own, events)
+                joined = await self._join(conn, decode_state(raw), written[entity], own)
                 if joined is not None:
-                    log.debug("joined a concurrent write of entity %s", joined.state.entity_id)
                     latest[entity] = state_row(joined)
         last = {r[0]: i for i, r in enumerate(rows)}
         joined_rows = [latest[r[0]] if last[r[0]] == i else r for i, r in enumerate(rows)]
         return joined_rows, inserted
+
+    async def _join(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        stored: EntityState,
+        written: StoredState,
+        own: dict[EventId, AdmittedEvent],
+    ) -> StoredState | None:
+        """:func:`join_stored` in the write's transaction. When the batch's own events do
+        not show that the stored head is in the written history, the entity's recent
+        events (from just below the batch's) are read in one query first: the region a
+        comparison would walk, without a round trip per step."""
+        head = written.state.state.head
+        if covers(head, stored.state.head, own):
+            return None
+        gens = [
+            *stored.state.head_generations().values(),
+            *written.state.state.head_generations().values(),
+        ]
+        floor = min([e.generation for e in own.values()] + gens) - 1
+        params = {"entity": bytes(stored.entity_id), "floor": floor, "n": _RECENT}
+        rows = await (await conn.execute(self._q["recent"], params, binary=True)).fetchall()
+        known = {e.id: e for e in map(admitted, rows)} | own
+        joined = await join_stored(stored, written, known, _Events(self._q, conn))
+        if joined is not None:
+            log.debug("joined a concurrent write of entity %s", stored.entity_id)
+        return joined
 
     async def _insert_states(
         self,
@@ -659,7 +688,11 @@ class PostgresStorage:
 
 
 class _Events:
-    """Events as one write's transaction sees them, its own included (for joins)."""
+    """Events as one write's transaction sees them, its own included (for joins).
+
+    Read-ahead is capped: the join reads the entity's recent events first, so a walk
+    rarely goes beyond them, and ancestors read ahead below them would be decoded for
+    nothing."""
 
     __slots__ = ("_conn", "_queries")
 
@@ -672,6 +705,6 @@ class _Events:
     ) -> Mapping[EventId, AdmittedEvent]:
         if not ids:
             return {}
-        name, params = _events_query(ids, ahead)
+        name, params = _events_query(ids, min(ahead, _JOIN_AHEAD))
         cursor = await self._conn.execute(self._queries[name], params, binary=True)
         return {e.id: e for e in map(admitted, await cursor.fetchall())}

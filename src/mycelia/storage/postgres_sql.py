@@ -129,6 +129,9 @@ _STATEMENTS: Final = {
         SELECT e.id, e.generation, e.body
         FROM (SELECT id FROM walk LIMIT %(n)s) w JOIN {s}.events e ON e.id = w.id""",
     "stored": "SELECT 1 FROM {s}.events WHERE id = %b",
+    "recent": """SELECT id, generation, body FROM {s}.events
+        WHERE entity_id = %(entity)b AND generation >= %(floor)s
+        ORDER BY generation DESC, id LIMIT %(n)s""",
     "events_of": """SELECT id, generation, body FROM {s}.events WHERE entity_id = %b
         ORDER BY generation, id""",
     "state": "SELECT state FROM {s}.states WHERE entity_id = %b",
