@@ -15,7 +15,8 @@ import contextlib
 import logging
 import random
 import ssl as ssl_module
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
@@ -28,6 +29,7 @@ from mycelia.errors import (
     MyceliaError,
     PresenceRejected,
 )
+from mycelia.node.failover import Failover
 from mycelia.node.peer import PeerConnection
 from mycelia.node.ports import MakeRequest, Session
 from mycelia.node.transport import Transport, WebsocketTransport
@@ -193,7 +195,7 @@ class Dialable(Protocol):
 
 async def connect(
     node: Dialable,
-    url: str,
+    url: str | Sequence[str],
     *,
     token: bytes | None = None,
     min_backoff: float = 0.05,
@@ -205,24 +207,32 @@ async def connect(
 ) -> Connection:
     """Dial ``url`` (``ws://host:port`` or ``wss://``) and keep the node connected until closed.
 
+    ``url`` may be several servers of one cluster (replicas on one PostgreSQL): they are
+    tried in turn, and when the one in use dies the node fails over to the next, with
+    backoff (:mod:`mycelia.node.failover`); owed and in-flight commits are pushed again
+    and live queries re-subscribed, as on any reconnect.
+
     Returns at once; ``await node.wait_ready(timeout=...)`` (or the connection's
     ``wait_ready``) waits for the first usable connection. ``compression="deflate"``
     turns on permessage-deflate (off by default: frames are already compact msgpack).
     ``wss://`` verifies the server's certificate against the system's trust store, or
     against ``ssl`` (an ``ssl.SSLContext``) when given. Raises InvalidArgument for a URL
-    that is not a websocket URL, or ``ssl`` with a ``ws://`` one.
+    that is not a websocket URL, no URL, or ``ssl`` with a ``ws://`` one.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise InvalidArgument(
-            f"{url!r} is not a websocket URL: use ws://host:port (or wss:// for TLS)"
-        )
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise InvalidArgument("give at least one server URL")
+    for each in urls:
+        parts = urlsplit(each)
+        if parts.scheme not in ("ws", "wss") or not parts.hostname:
+            raise InvalidArgument(
+                f"{each!r} is not a websocket URL: use ws://host:port (or wss:// for TLS)"
+            )
+        if ssl is not None and parts.scheme != "wss":
+            raise InvalidArgument(f"ssl= is given but {each!r} is not a wss:// URL")
     limits = node.limits
 
-    if ssl is not None and parts.scheme != "wss":
-        raise InvalidArgument(f"ssl= is given but {url!r} is not a wss:// URL")
-
-    async def dial() -> Transport:
+    async def dial_one(url: str) -> Transport:
         tls: dict[str, Any] = {} if ssl is None else {"ssl": ssl}  # wss:// defaults to verify
         try:
             websocket = await ws_connect(
@@ -243,6 +253,7 @@ async def connect(
             ) from exc
         return WebsocketTransport(websocket)
 
+    dial: Dialer = Failover(urls, dial_one) if len(urls) > 1 else partial(dial_one, urls[0])
     connection = node.attach(
         dial,
         token=token,
