@@ -38,7 +38,7 @@ async def test_one_call_tries_the_servers_in_turn_starting_after_the_last_one() 
     await failover()  # a's session ended: b is next, but it is down
     assert (failover.current, tried[1:]) == ("c", ["b", "c"])
     up["a"] = up["c"] = False
-    with pytest.raises(ConnectionClosed, match="no server answered: a: .*; b: .*; c: "):
+    with pytest.raises(ConnectionClosed, match=r"no server answered: a: .*; b: .*; c: "):
         await failover()
     up["b"] = True
     await failover()
