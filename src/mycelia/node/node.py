@@ -187,14 +187,19 @@ class Node:
         policy: PolicyAgent | None = None,
         limits: Limits = DEFAULT_LIMITS,
         rng: random.Random | None = None,
+        key: NodeKey | None = None,
     ) -> _Opening:
         """Open a node on ``storage``: ``node = await Node.open(...)`` or ``async with``.
 
         ``rng`` makes the node's entropy (genesis nonces, text client ids, a new node key)
         deterministic — for simulations and tests only: production nodes draw from
-        ``secrets``.
+        ``secrets``. ``key``: the node's key from elsewhere (a server that keeps nothing
+        on its disk); by default it is the one kept in ``storage``, made on first open.
         """
-        return _Opening(cls._open(storage, durable=durable, policy=policy, limits=limits, rng=rng))
+        opening = cls._open(
+            storage, durable=durable, policy=policy, limits=limits, rng=rng, key=key
+        )
+        return _Opening(opening)
 
     @classmethod
     async def _open(
@@ -205,18 +210,13 @@ class Node:
         policy: PolicyAgent | None,
         limits: Limits,
         rng: random.Random | None,
+        key: NodeKey | None,
     ) -> Node:
         offset = await storage.last_offset()  # the feed is followed from here (node/feed.py)
         raw = await storage.get_meta(ROOT_KEY)
         root = EntityId(raw) if raw is not None else None
-        stored_key = await storage.get_meta(KEY_META)
-        if stored_key is None:
-            key = (
-                NodeKey.generate() if rng is None else NodeKey.from_private_bytes(rng.randbytes(32))
-            )
-            await storage.write(WriteBatch(meta=((KEY_META, key.private_bytes()),)))
-        else:
-            key = NodeKey.from_private_bytes(stored_key)
+        if key is None:
+            key = await _stored_key(storage, rng)
         node = cls(
             storage,
             durable=durable,
@@ -501,6 +501,16 @@ class Node:
         self._tasks.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("a node task failed", exc_info=task.exception())
+
+
+async def _stored_key(storage: StorageEngine, rng: random.Random | None) -> NodeKey:
+    """The node key kept in ``storage``, made and stored on first open."""
+    stored_key = await storage.get_meta(KEY_META)
+    if stored_key is not None:
+        return NodeKey.from_private_bytes(stored_key)
+    key = NodeKey.generate() if rng is None else NodeKey.from_private_bytes(rng.randbytes(32))
+    await storage.write(WriteBatch(meta=((KEY_META, key.private_bytes()),)))
+    return key
 
 
 async def _nothing() -> AsyncIterator[Rejection]:

@@ -139,6 +139,19 @@ _ATTEMPTS: Final = 5
 """Runs of a write transaction that PostgreSQL aborted to break a deadlock."""
 
 
+async def _new_ids(cursor: psycopg.AsyncCursor[Any]) -> frozenset[EventId]:
+    """The ids an ``insert_events`` statement inserted (the others were stored before)."""
+    return frozenset(EventId._trusted(r[0]) for r in await cursor.fetchall())
+
+
+async def _offsets(cursor: psycopg.AsyncCursor[Any], count: int) -> tuple[int, ...]:
+    """The ``count`` offsets an ``append_feed`` statement took, from its last one."""
+    row = await cursor.fetchone()
+    assert row is not None
+    last = int(row[0])
+    return tuple(range(last - count + 1, last + 1))
+
+
 def _lock_key(name: str) -> int:
     """An advisory lock key (a signed 64-bit integer) for ``name``."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
@@ -541,7 +554,9 @@ class PostgresStorage:
 
         Each state is written under its row lock, joined with a state another process
         stored meanwhile (:mod:`mycelia.storage.join`). A transaction that PostgreSQL
-        aborts to break a deadlock between writers is run again (it wrote nothing).
+        aborts to break a deadlock between writers is run again (it wrote nothing). The
+        statements are pipelined: the transaction costs two round trips to the server
+        (three with a join), whatever the batch holds.
         """
         states = state_rows(batch)  # encodes first: a bad state fails before any I/O
         if not (batch.events or states or batch.meta or batch.forget):
@@ -550,14 +565,17 @@ class PostgresStorage:
         pool = await self._ready()
         for attempt in range(1, _ATTEMPTS + 1):
             try:
-                async with pool.connection() as conn, conn.transaction():
-                    if batch.forget:
-                        forget = {"ids": [bytes(e) for e in batch.forget]}
-                        await conn.execute(self._q["forget"], forget)
-                    new = await self._insert_events(conn, batch.events)
-                    rows, inserted = await self._lock_and_join(conn, batch, states)
-                    offsets = await self._insert_states(conn, rows, inserted=inserted)
-                    await self._write_meta(conn, batch.meta)
+                async with pool.connection() as conn:
+                    async with conn.pipeline(), conn.transaction():
+                        if batch.forget:
+                            forget = {"ids": [bytes(e) for e in batch.forget]}
+                            await conn.execute(self._q["forget"], forget)
+                        added = await self._insert_events(conn, batch.events)
+                        rows, inserted = await self._lock_and_join(conn, batch, states)
+                        feed = await self._insert_states(conn, rows, inserted=inserted)
+                        await self._write_meta(conn, batch.meta)
+                    new = frozenset() if added is None else await _new_ids(added)
+                    offsets = () if feed is None else await _offsets(feed, len(rows))
                 break
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
                 if attempt == _ATTEMPTS:
@@ -571,12 +589,12 @@ class PostgresStorage:
 
     async def _insert_events(
         self, conn: psycopg.AsyncConnection[Any], events: Sequence[AdmittedEvent]
-    ) -> frozenset[EventId]:
+    ) -> psycopg.AsyncCursor[Any] | None:
+        """Insert ``events``; the cursor's rows (read after the commit) are the new ids."""
         if not events:
-            return frozenset()
+            return None
         ordered = sorted(events, key=lambda e: e.id)  # one order for every writer's index locks
-        cursor = await conn.execute(self._q["insert_events"], _event_columns(ordered))
-        return frozenset(EventId._trusted(r[0]) for r in await cursor.fetchall())
+        return await conn.execute(self._q["insert_events"], _event_columns(ordered))
 
     async def _lock_and_join(
         self, conn: psycopg.AsyncConnection[Any], batch: WriteBatch, rows: list[StateRow]
@@ -645,11 +663,12 @@ class PostgresStorage:
         rows: list[StateRow],
         *,
         inserted: Collection[bytes] = (),
-    ) -> tuple[int, ...]:
+    ) -> psycopg.AsyncCursor[Any] | None:
         """Store ``rows`` (their field keys replaced whole) and append their feed rows;
-        the states of ``inserted`` entities are in place already."""
+        the states of ``inserted`` entities are in place already. The cursor's row (read
+        after the commit, :func:`_offsets`) holds the last offset taken."""
         if not rows:
-            return ()
+            return None
         latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
         stale = [r for e, r in latest.items() if e not in inserted]
         if stale:
@@ -659,11 +678,7 @@ class PostgresStorage:
         if keys:
             await conn.execute(self._q["insert_keys"], key_columns(keys))
         feed = {"e": [r[0] for r in rows], "c": [r[1] for r in rows], "h": [r[5] for r in rows]}
-        cursor = await conn.execute(self._q["append_feed"], {**feed, "channel": self.channel})
-        row = await cursor.fetchone()
-        assert row is not None
-        last = int(row[0])
-        return tuple(range(last - len(rows) + 1, last + 1))
+        return await conn.execute(self._q["append_feed"], {**feed, "channel": self.channel})
 
     async def _write_meta(
         self, conn: psycopg.AsyncConnection[Any], meta: Sequence[tuple[str, bytes | None]]
