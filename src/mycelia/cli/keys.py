@@ -40,7 +40,7 @@ from mycelia.errors import ConfigError, StorageError
 from mycelia.node.identity import NodeKey
 from mycelia.storage import StorageEngine
 
-__all__ = ["add_key_flags", "check_key_flags", "node_key_from"]
+__all__ = ["add_key_flags", "given_key", "named_key"]
 
 _RAW_LENGTH = 32
 
@@ -64,8 +64,10 @@ def add_key_flags(cmd: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def check_key_flags(args: argparse.Namespace) -> None:
-    """Raise ConfigError for key options that contradict each other (before any I/O)."""
+def given_key(args: argparse.Namespace) -> NodeKey | None:
+    """The key given by file or by value (``None``: by name, or the store's own), read
+    before anything else starts. Raises ConfigError for a bad key or contradicting
+    options."""
     given = [f for f, v in _sources(args) if v is not None]
     if len(given) > 1:
         raise ConfigError(f"give one node key source, not {' and '.join(given)}")
@@ -73,6 +75,11 @@ def check_key_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--node-name keeps the key in PostgreSQL: it needs --postgres")
     if args.node_name is not None and not args.node_name.strip():
         raise ConfigError("--node-name is empty")
+    if args.key_file is not None:
+        return _from_pem(_read(args.key_file), f"--key-file {args.key_file}")
+    if args.node_key is not None:
+        return _from_text(args.node_key)
+    return None
 
 
 def _sources(args: argparse.Namespace) -> list[tuple[str, str | None]]:
@@ -83,22 +90,19 @@ def _sources(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     ]
 
 
-async def node_key_from(args: argparse.Namespace, storage: StorageEngine) -> NodeKey | None:
-    """The key the options name (``None``: the store's own). Raises ConfigError."""
-    if args.key_file is not None:
-        return _from_pem(_read(args.key_file), f"--key-file {args.key_file}")
-    if args.node_key is not None:
-        return _from_text(args.node_key)
-    if args.node_name is not None:
-        keep = getattr(storage, "node_key", None)
-        if keep is None:
-            raise ConfigError("--node-name needs a store that keeps keys by name (--postgres)")
-        try:
-            raw = await keep(args.node_name, secrets.token_bytes(_RAW_LENGTH))
-        except StorageError as exc:
-            raise ConfigError(f"cannot keep the node key in PostgreSQL: {exc}") from exc
-        return NodeKey.from_private_bytes(raw)
-    return None
+async def named_key(args: argparse.Namespace, storage: StorageEngine) -> NodeKey | None:
+    """With ``--node-name``, the key the store keeps under that name, made now if it has
+    none (``None`` without it: the store's own). Raises ConfigError."""
+    if args.node_name is None:
+        return None
+    keep = getattr(storage, "node_key", None)
+    if keep is None:
+        raise ConfigError("--node-name needs a store that keeps keys by name (--postgres)")
+    try:
+        raw = await keep(args.node_name, secrets.token_bytes(_RAW_LENGTH))
+    except StorageError as exc:
+        raise ConfigError(f"cannot keep the node key in PostgreSQL: {exc}") from exc
+    return NodeKey.from_private_bytes(raw)
 
 
 def _read(path: str) -> bytes:

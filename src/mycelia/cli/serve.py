@@ -31,7 +31,7 @@ import signal
 import ssl
 
 from mycelia.cli.data import DEFAULT_DATA, open_storage
-from mycelia.cli.keys import add_key_flags, check_key_flags, node_key_from
+from mycelia.cli.keys import add_key_flags, given_key, named_key
 from mycelia.cli.settings import env_option, parse_choice, parse_port, parse_seconds
 from mycelia.errors import ConfigError
 from mycelia.node import Node
@@ -180,7 +180,7 @@ def tls_from(args: argparse.Namespace) -> ssl.SSLContext | None:
 async def serve_command(args: argparse.Namespace) -> int:
     """``mycelia serve``: run until SIGINT/SIGTERM (see the module docstring)."""
     signals = _catch_signals()  # from here on a signal means "stop cleanly", never a kill
-    check_key_flags(args)
+    key = given_key(args)
     policy = policy_from(args)
     tls = tls_from(args)
     sock = bind(args.host, args.port)
@@ -191,7 +191,7 @@ async def serve_command(args: argparse.Namespace) -> int:
         raise
     try:
         async with _start_up_lock(opened.storage):  # replicas starting together: one system
-            key = await node_key_from(args, opened.storage)
+            key = key or await named_key(args, opened.storage)
             node = await Node.open(opened.storage, durable=True, policy=policy, key=key)
             root = await node.create_system()
         server = await serve(
