@@ -62,7 +62,7 @@ class Cluster:
     def start(self, index: int, *, dsn: str | None = None) -> Served:
         """Start server ``index`` (again on its old port, if it ran before)."""
         where = self.tmp / f"server{index}"
-        where.mkdir(exist_ok=True)
+        where.mkdir(parents=True, exist_ok=True)
         flags = ["--postgres", dsn or self.dsn, "--node-name", f"server{index}"]
         if index in self.ports:
             flags += ["--port", str(self.ports[index])]
