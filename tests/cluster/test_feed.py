@@ -12,6 +12,7 @@ from mycelia import EntityId, Node
 from mycelia.entity import Entity
 from mycelia.entity.verdicts import head_after
 from mycelia.errors import EntityNotFound
+from mycelia.node.feed import follows
 from mycelia.node.inprocess import InProcessServer
 from mycelia.proto import AdmittedEvent, Clock
 from mycelia.storage import MemoryStorage
@@ -166,3 +167,40 @@ def replay(events: list[AdmittedEvent]) -> Entity:
         applied.append(event)
     entity.set_head(head_after({}, applied))
     return entity
+
+
+async def test_a_commit_planned_on_a_stale_head_is_joined_with_the_one_it_missed(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    schema = pg_schemas.new_schema()
+    a = await Node.open(await PostgresStorage(pg_schemas.dsn, schema=schema).open(), durable=True)
+    await a.create_system()
+    entity = await create(a, "t")
+    # b hears of nothing but its own writes: no NOTIFY, and a poll far beyond the test
+    deaf = PostgresStorage(pg_schemas.dsn, schema=schema, listen=False, poll_interval=600)
+    b = await Node.open(await deaf.open(), durable=True)
+    try:
+        assert (await b.context().get(Card, entity)).n == 0  # b holds it at the genesis
+        await set_n(a, entity, 1)
+        async with b.context().transaction() as trx:  # planned on the genesis: stale
+            (await trx.edit(Card, entity)).title = "from b"
+        stored = await deaf.get_state(entity)
+        assert stored is not None
+        assert len(stored.state.head) == 2, "both heads kept"
+        events = await deaf.events_of(entity)
+        assert stored == replay(events).to_state()
+        for node in (a, b):
+            await until(node, lambda node=node: _joined(node, entity))  # type: ignore[misc]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _joined(node: Node, entity: EntityId) -> bool:
+    view = await node.context().get(Card, entity)
+    return (view.n, view.title, len(view.head)) == (1, "from b", 2)
+
+
+async def test_a_node_on_a_store_only_it_writes_follows_no_feed() -> None:
+    assert not follows(MemoryStorage())
+    assert follows(PostgresStorage("postgresql://unused"))
