@@ -12,19 +12,24 @@ commits only through its change feed. A node on such a store runs one
   that head costs nothing more — this node's own writes, mostly;
 - for the other rows it takes the entities' locks (the applier's, in sorted order, so a
   local commit and a refresh of one entity never interleave and listeners hear of one
-  entity's changes in commit order), reads the stored states, and reports what changed
-  through ``notify`` — the node's one change hook, which feeds its live queries, the
-  subscriptions it serves and every listener — as the same :class:`EntityChange` s a
-  local commit produces: from the state this node showed to the stored one, with the
-  events between them, parents first. A resident entity is refreshed: the stored state
-  replaces it. When what this node showed is not known (the entity is not resident, or
-  was reloaded since it was reported, or the walk between the heads failed), the change
-  starts from nothing — no head, no values, no events — so live queries re-evaluate it
-  and a subscription sends a bridge or a snapshot against what its peer holds;
+  entity's changes in commit order) and reports what changed through ``notify`` — the
+  node's one change hook, which feeds its live queries, the subscriptions it serves and
+  every listener — as the same :class:`EntityChange` s a local commit produces: from the
+  state this node showed to the row's, with the events between them, parents first;
+- a resident entity that still shows what was reported is **refreshed** in place: the
+  events it lacks (a short walk from the row's head down to its own) are applied to it,
+  which every backend makes the stored state. When what this node showed is not known
+  (the entity is not resident, or was reloaded from storage since it was reported, or
+  the walk failed), the stored state is read and the change starts from nothing — no
+  head, no values, no events — so live queries re-evaluate the entity and a subscription
+  sends a bridge or a snapshot against what its peer holds (a resident is replaced by
+  the stored state; one that fails to decode is evicted);
 - one batch of rows is reported as one list of changes, in feed order (an entity by its
   last row in the batch);
-- a storage error is logged and the batch read again after a back-off; the follower ends
-  only when cancelled (the node closes).
+- a storage error is logged and the batch read again after a back-off (nothing was
+  changed); any other failure is logged, the batch's entities are evicted (the next
+  reader loads them from storage) and the follower goes on. It ends only when cancelled
+  (the node closes).
 
 Stores only one process writes (LMDB holds a lock on its files, memory is private) need
 none of it: :func:`follows` says whether a store does.
@@ -167,7 +172,16 @@ class FeedFollower:
         if not rows:
             await self._store.wait_for_feed(self.offset, timeout=IDLE)
             return []
-        changes = await self.apply(rows)
+        try:
+            changes = await self.apply(rows)
+        except StorageError:
+            raise
+        except Exception:  # a bug must not stop the feed: forget what the rows touched
+            log.exception("reporting feed rows up to %d failed", rows[-1].offset)
+            for row in rows:
+                self._residents.evict(row.entity_id)  # the next reader loads it afresh
+                self._reported.pop(row.entity_id, None)
+            changes = []
         self.offset = rows[-1].offset
         return changes
 
@@ -219,6 +233,8 @@ class FeedFollower:
         resident = update.resident
         try:
             if resident is not None:  # what this node showed, plus the events it lacked
+                if not update.events:
+                    return None
                 before = resident.snapshot()
                 changed: set[str] = set()
                 for event in update.events:
