@@ -106,6 +106,53 @@ def postgres_cpu() -> float:
     return total
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine spent busy so far (all cores, from /proc/stat)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(t) for t in stat.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """CPU used between :meth:`start` and :meth:`stop` by the servers, PostgreSQL, the
+    client processes (they report theirs) and everything else on the machine: other
+    people's work on a shared machine, the noise that the table should admit to."""
+
+    def __init__(self, servers: Sequence[int]) -> None:
+        self.servers = list(servers)
+        self._start = self._sample()
+
+    def _sample(self) -> tuple[float, float, float, float, float]:
+        servers = sum(cpu_of(p) for p in self.servers)
+        return servers, postgres_cpu(), cpu_seconds(), machine_busy(), time.monotonic()
+
+    def start(self) -> None:
+        self._start = self._sample()
+
+    def stop(self, clients_cpu: float = 0.0, *, span: float | None = None) -> dict[str, float]:
+        """Each share in % of one core (``span``: the run's length, else until now)."""
+        end = self._sample()
+        servers, pg, driver, busy, elapsed = (b - a for a, b in zip(self._start, end, strict=True))
+        span = span or elapsed
+        others = busy - servers - pg - driver - clients_cpu
+        return {
+            "server_cpu_pct": 100 * servers / span,
+            "postgres_cpu_pct": 100 * pg / span,
+            "client_cpu_pct": 100 * (clients_cpu + driver) / span,
+            "others_cpu_pct": max(0.0, 100 * others / elapsed),
+        }
+
+
+CPU_COLUMN = "CPU % of a core: clients / servers / PostgreSQL / others"
+
+
+def cpu_cell(med: dict[str, float]) -> str:
+    """The shares of :class:`Meter`, as one cell."""
+    keys = ("client_cpu_pct", "server_cpu_pct", "postgres_cpu_pct", "others_cpu_pct")
+    return " / ".join(f"{med[k]:.0f}" for k in keys)
+
+
 def percentile(samples: Sequence[float], q: float) -> float:
     """Nearest-rank percentile."""
     ordered = sorted(samples)
@@ -147,6 +194,7 @@ async def latency_once(dsn: str, tmp: Path, edits: int) -> dict[str, float]:
             for name, node in readers.items():
                 node.on_change(listener(name, lives[name]))
             samples: dict[str, list[float]] = {k: [] for k in readers}
+            meter = Meter([s.process.pid for s in cluster.servers.values()])
             for i in range(-20, edits):  # 20 warm-up edits
                 target[0] = i + 1000
                 seen.clear()
@@ -160,15 +208,17 @@ async def latency_once(dsn: str, tmp: Path, edits: int) -> dict[str, float]:
                     for name in readers:
                         samples[name].append(seen[name] - start)
                 await trx.confirmed()
+            noise = meter.stop()["others_cpu_pct"]
             for live in lives.values():
                 await live.close()
         finally:
             await cluster.close()
-    return {
+    figures = {
         f"{name} {q}": percentile(values, p)
         for name, values in samples.items()
         for q, p in (("p50", 0.5), ("p99", 0.99))
     }
+    return {**figures, "others": noise}
 
 
 def latency_table(runs: list[dict[str, float]], edits: int) -> Table:
@@ -181,7 +231,10 @@ def latency_table(runs: list[dict[str, float]], edits: int) -> Table:
          fmt_time(med["across p50"]), fmt_time(med["across p99"]), "p50 ≤ 5 ms, p99 ≤ 20 ms",
          verdict(ok)],
     ]  # fmt: skip
-    title = f"Commit → live change on 3 servers, one PostgreSQL ({len(runs)} runs, medians)"
+    title = (
+        f"Commit → live change on 3 servers, one PostgreSQL ({len(runs)} runs, medians; "
+        f"other processes used {med['others']:.0f}% of a core meanwhile)"
+    )
     return Table(title, ["path", "p50", "p99", "target", ""], rows)
 
 
@@ -363,7 +416,7 @@ async def w3_once(
                 workers.append(await Worker.start(job))
             connected = await asyncio.gather(*(w.expect("CONNECTED") for w in workers))
             middle = [rss(p)["VmRSS"] for p in pids]
-            cpu0 = [cpu_of(p) for p in pids] + [postgres_cpu()]
+            meter = Meter(pids)
             t0 = time.monotonic()
             for w in workers:
                 w.send("GO")
@@ -379,7 +432,7 @@ async def w3_once(
                 w.send("TARGET " + json.dumps(target))
             done = await asyncio.gather(*(w.expect("DONE") for w in workers))
             total = max(d["t"] for d in done) - t0
-            cpu = [b - a for a, b in zip(cpu0, [*map(cpu_of, pids), postgres_cpu()], strict=True)]
+            cpu = meter.stop(sum(d["cpu_s"] for d in done), span=total)
             digests = {d["digest"] for d in done} | {digest(cells_live, doc_live)}
             if len(digests) != 1:
                 raise RuntimeError(f"W3 did not converge: {digests}")
@@ -393,9 +446,7 @@ async def w3_once(
         "total_s": total,
         "commits_s": clients * edits / total,
         "connect_s": max(c["connect_s"] for c in connected),
-        "client_cpu_pct": 100 * sum(d["cpu_s"] for d in done) / total,
-        "server_cpu_pct": 100 * sum(cpu[:-1]) / total,
-        "postgres_cpu_pct": 100 * cpu[-1] / total,
+        **cpu,
     }
     for i in range(servers):
         figures[f"rss{i} before"] = before[i]
@@ -417,8 +468,7 @@ def w3_table(results: dict[int, list[dict[str, float]]], clients: int, edits: in
         rows.append([
             f"{servers} server{'s' if servers > 1 else ''}", f"{med['total_s']:.1f} s",
             f"{med['commits_s']:.0f}/s", f"{med['connect_s']:.1f} s",
-            f"{med['client_cpu_pct']:.0f}% / {med['server_cpu_pct']:.0f}% / "
-            f"{med['postgres_cpu_pct']:.0f}%", memory,
+            cpu_cell(med), memory,
         ])  # fmt: skip
     runs = len(next(iter(results.values())))
     title = (
@@ -430,7 +480,7 @@ def w3_table(results: dict[int, list[dict[str, float]]], clients: int, edits: in
         "first edit → all identical",
         "commits/s",
         "connect + sync",
-        "CPU: clients / servers / PostgreSQL",
+        CPU_COLUMN,
         "server RSS MiB: before / connected / after",
     ]
     return Table(title, columns, rows)
@@ -453,12 +503,15 @@ async def scaling_worker(job: dict[str, Any], stdin: asyncio.StreamReader) -> No
                 (await trx.edit(Counter, entity)).n = n
 
     await stdin.readline()  # GO
+    cpu0 = cpu_seconds()
     await asyncio.gather(*(commit(n, e) for n, e in zip(clients, entities, strict=True)))
-    emit("DONE", {"t": time.monotonic()})
+    emit("DONE", {"t": time.monotonic(), "cpu_s": cpu_seconds() - cpu0})
     await stdin.readline()  # QUIT
 
 
-async def scaling_once(dsn: str, tmp: Path, servers: int, committers: int, edits: int) -> float:
+async def scaling_once(
+    dsn: str, tmp: Path, servers: int, committers: int, edits: int
+) -> dict[str, float]:
     """Commits/s of ``committers`` sequential committers spread over ``servers``."""
     with cluster_database(dsn) as db:
         cluster = Cluster(db, tmp)
@@ -472,31 +525,38 @@ async def scaling_once(dsn: str, tmp: Path, servers: int, committers: int, edits
                        "count": half, "edits": edits}  # fmt: skip
                 workers.append(await Worker.start(job))
             await asyncio.gather(*(w.expect("CONNECTED") for w in workers))
+            meter = Meter([s.process.pid for s in cluster.servers.values()])
             t0 = time.monotonic()
             for w in workers:
                 w.send("GO")
             done = await asyncio.gather(*(w.expect("DONE") for w in workers))
+            span = max(d["t"] for d in done) - t0
+            cpu = meter.stop(sum(d["cpu_s"] for d in done), span=span)
             for w in workers:
                 w.send("QUIT")
         finally:
             await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
             await cluster.close()
-    return float(committers * edits / (max(d["t"] for d in done) - t0))
+    return {"rate": committers * edits / span, **cpu}
 
 
-def scaling_table(rates: dict[int, list[float]], committers: int, edits: int) -> Table:
-    one = statistics.median(rates[1])
+def scaling_table(results: dict[int, list[dict[str, float]]], committers: int, edits: int) -> Table:
+    meds = {
+        servers: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        for servers, runs in results.items()
+    }
+    one = meds[1]["rate"]
     rows = [
-        [f"through {s} server{'s' if s > 1 else ''}", f"{statistics.median(r):,.0f}/s",
-         f"{statistics.median(r) / one:.2f}x"]
-        for s, r in rates.items()
+        [f"through {s} server{'s' if s > 1 else ''}", f"{m['rate']:,.0f}/s",
+         f"{m['rate'] / one:.2f}x", cpu_cell(m)]
+        for s, m in meds.items()
     ]  # fmt: skip
-    runs = len(rates[1])
+    runs = len(results[1])
     title = (
         f"Write scaling: {committers} concurrent committers x {edits} commits, each awaited, "
         f"one PostgreSQL, 2 cores ({runs} runs, medians)"
     )
-    return Table(title, ["case", "commits/s", "vs 1 server"], rows)
+    return Table(title, ["case", "commits/s", "vs 1 server", CPU_COLUMN], rows)
 
 
 # ------------------------------------------------------------------------- main
@@ -520,14 +580,14 @@ async def run(args: argparse.Namespace, dsn: str, tmp: Path) -> list[Table]:
         tables.append(w3_table(w3, clients, edits))
     if "scaling" in args.only:
         committers, edits = (16, 10) if quick else (64, 30)
-        rates = {
+        scaling = {
             servers: [
                 await scaling_once(dsn, tmp / f"sc-{servers}-{i}", servers, committers, edits)
                 for i in range(args.runs)
             ]
             for servers in (1, 3)
         }
-        tables.append(scaling_table(rates, committers, edits))
+        tables.append(scaling_table(scaling, committers, edits))
     return tables
 
 
