@@ -147,7 +147,7 @@ class Node:
             has_system=lambda: self._root is not None,
             commits=self._pipeline,
         )
-        self._feed = None
+        self._feed: FeedFollower | None = None
         if follows(storage):  # other processes write this store: hear of their commits
             notify, lock = self._notify, self._applier.lock
             self._feed = FeedFollower(storage, residents=self._residents, lock=lock, notify=notify)
@@ -212,7 +212,7 @@ class Node:
         rng: random.Random | None,
         key: NodeKey | None,
     ) -> Node:
-        offset = await storage.last_offset()  # the feed is followed from here (node/feed.py)
+        offset = await storage.last_offset() if follows(storage) else 0  # feed followed from here
         raw = await storage.get_meta(ROOT_KEY)
         root = EntityId(raw) if raw is not None else None
         if key is None:
