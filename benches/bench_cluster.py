@@ -21,8 +21,11 @@ fsync on, :mod:`tests.storage.pg`), each run on a fresh database, and is a media
 - **Write scaling.** 64 concurrent committers (2 client processes), each committing to
   its own entity and waiting for each confirmation, through 1 server vs through 3.
 
+A W3 run whose clients are not all confirmed and identical within ``--w3-deadline``
+seconds of the first edit is reported as such, not measured.
+
 Run: ``python -m benches.bench_cluster [--only latency,w3,scaling] [--runs N]
-[--w3-runs N] [--quick]``.
+[--w3-runs N] [--w3-servers 1,2,3] [--w3-deadline S] [--quick]``.
 """
 
 from __future__ import annotations
@@ -392,8 +395,10 @@ async def w3_worker(job: dict[str, Any], stdin: asyncio.StreamReader) -> None:
 
 
 async def w3_once(
-    dsn: str, tmp: Path, servers: int, clients: int, edits: int, procs: int = 2
+    dsn: str, tmp: Path, servers: int, clients: int, edits: int, *, deadline: float, procs: int = 2
 ) -> dict[str, float]:
+    """One W3 run; raises TimeoutError if the clients are not all confirmed and identical
+    within ``deadline`` seconds of the first edit."""
     with cluster_database(dsn) as db:
         cluster = Cluster(db, tmp)
         workers: list[Worker] = []
@@ -420,7 +425,7 @@ async def w3_once(
             t0 = time.monotonic()
             for w in workers:
                 w.send("GO")
-            await asyncio.gather(*(w.expect("CONFIRMED") for w in workers))
+            await asyncio.gather(*(w.expect("CONFIRMED", deadline) for w in workers))
             probe = await cluster.client(servers - 1)
             cells_live = await probe.context().query(Cell, "").__aenter__()
             doc_live = await probe.context().query(Doc, "").__aenter__()
@@ -430,7 +435,8 @@ async def w3_once(
             target = heads(cells_live, doc_live)
             for w in workers:
                 w.send("TARGET " + json.dumps(target))
-            done = await asyncio.gather(*(w.expect("DONE") for w in workers))
+            left = deadline - (time.monotonic() - t0)
+            done = await asyncio.gather(*(w.expect("DONE", left) for w in workers))
             total = max(d["t"] for d in done) - t0
             cpu = meter.stop(sum(d["cpu_s"] for d in done), span=total)
             digests = {d["digest"] for d in done} | {digest(cells_live, doc_live)}
@@ -456,9 +462,17 @@ async def w3_once(
     return figures
 
 
+def _servers(count: int) -> str:
+    return f"{count} server{'s' if count > 1 else ''}"
+
+
 def w3_table(results: dict[int, list[dict[str, float]]], clients: int, edits: int) -> Table:
     rows = []
     for servers, measured in results.items():
+        if "stalled_s" in measured[0]:
+            stalled = f"not identical after {measured[0]['stalled_s']:.0f} s (see below)"
+            rows.append([_servers(servers), stalled, "", "", "", ""])
+            continue
         med = {k: statistics.median(r[k] for r in measured) for k in measured[0]}
         memory = "; ".join(
             f"s{i} {med[f'rss{i} before']:.0f} / {med[f'rss{i} connected']:.0f} / "
@@ -466,11 +480,11 @@ def w3_table(results: dict[int, list[dict[str, float]]], clients: int, edits: in
             for i in range(servers)
         )
         rows.append([
-            f"{servers} server{'s' if servers > 1 else ''}", f"{med['total_s']:.1f} s",
+            _servers(servers), f"{med['total_s']:.1f} s",
             f"{med['commits_s']:.0f}/s", f"{med['connect_s']:.1f} s",
             cpu_cell(med), memory,
         ])  # fmt: skip
-    runs = len(next(iter(results.values())))
+    runs = max(len(m) for m in results.values())
     title = (
         f"W3 across servers: {clients} clients x {edits} edits, 2 client processes, one "
         f"PostgreSQL ({runs} run{'s' if runs > 1 else ''}, medians; peer: 43.5 s, 46 edits/s)"
@@ -572,11 +586,18 @@ async def run(args: argparse.Namespace, dsn: str, tmp: Path) -> list[Table]:
     if "w3" in args.only:
         clients, edits = (40, 4) if quick else (200, 10)
         w3: dict[int, list[dict[str, float]]] = {}
-        for servers in (1, 2, 3):
-            w3[servers] = [
-                await w3_once(dsn, tmp / f"w3-{servers}-{i}", servers, clients, edits)
-                for i in range(args.w3_runs)
-            ]
+        for servers in args.w3_servers:
+            w3[servers] = []
+            for i in range(args.w3_runs):
+                where = tmp / f"w3-{servers}-{i}"
+                try:
+                    run = await w3_once(
+                        dsn, where, servers, clients, edits, deadline=args.w3_deadline
+                    )
+                except TimeoutError:
+                    w3[servers] = [{"stalled_s": args.w3_deadline}]
+                    break
+                w3[servers].append(run)
         tables.append(w3_table(w3, clients, edits))
     if "scaling" in args.only:
         committers, edits = (16, 10) if quick else (64, 30)
@@ -596,6 +617,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", default="latency,w3,scaling", type=lambda s: s.split(","))
     parser.add_argument("--runs", type=int, default=3, help="runs of latency and scaling")
     parser.add_argument("--w3-runs", type=int, default=1, help="runs of W3 per server count")
+    parser.add_argument(
+        "--w3-servers", default=[1, 2, 3], type=lambda s: [int(n) for n in s.split(",")]
+    )
+    parser.add_argument(
+        "--w3-deadline", type=float, default=900.0, help="seconds a W3 run may take to converge"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(list(argv) if argv is not None else sys.argv[1:])
