@@ -10,6 +10,10 @@ Invariants:
 - A non-loopback address with ``--auth open`` refuses to start unless
   ``--insecure-open`` says so: an open server reads and writes everything for anyone.
 - ``--auth tokens`` refuses every client without a valid token at the handshake.
+- The node key comes from ``--key-file``, ``MYCELIA_NODE_KEY`` or ``--node-name`` (kept in
+  PostgreSQL), else from the store (:mod:`mycelia.cli.keys`). On PostgreSQL the key and
+  the system are made under the schema's start-up lock, so replicas that start together
+  on an empty database agree on one system.
 - Readiness is one INFO line on stderr, plus ``listening on URL`` on stdout (for
   scripts: it is the only line written to stdout).
 - SIGINT/SIGTERM: ``/healthz`` turns 503 and new connections are refused; after
@@ -27,6 +31,7 @@ import signal
 import ssl
 
 from mycelia.cli.data import DEFAULT_DATA, open_storage
+from mycelia.cli.keys import add_key_flags, given_key, named_key
 from mycelia.cli.settings import (
     env_option,
     parse_choice,
@@ -39,6 +44,7 @@ from mycelia.node import Node
 from mycelia.node.listen import bind, is_loopback, server_tls
 from mycelia.node.server import MAX_CONNECTIONS, Server, serve
 from mycelia.node.tokens import TokenAgent, TokenIssuer, load_public_key
+from mycelia.storage import StorageEngine
 
 __all__ = ["add_serve_command", "policy_from", "serve_command"]
 
@@ -57,6 +63,7 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "variable named in its help; a flag wins over its variable.",
     )
     _store_flags(cmd)
+    add_key_flags(cmd)
     _auth_flags(cmd)
     _http_flags(cmd)
     _limit_flags(cmd)
@@ -194,6 +201,7 @@ def tls_from(args: argparse.Namespace) -> ssl.SSLContext | None:
 async def serve_command(args: argparse.Namespace) -> int:
     """``mycelia serve``: run until SIGINT/SIGTERM (see the module docstring)."""
     signals = _catch_signals()  # from here on a signal means "stop cleanly", never a kill
+    key = given_key(args)
     policy = policy_from(args)
     tls = tls_from(args)
     sock = bind(args.host, args.port)
@@ -203,8 +211,10 @@ async def serve_command(args: argparse.Namespace) -> int:
         sock.close()
         raise
     try:
-        node = await Node.open(opened.storage, durable=True, policy=policy)
-        root = await node.create_system()
+        async with _start_up_lock(opened.storage):  # replicas starting together: one system
+            key = key or await named_key(args, opened.storage)
+            node = await Node.open(opened.storage, durable=True, policy=policy, key=key)
+            root = await node.create_system()
         server = await serve(
             node,
             sock=sock,
@@ -226,6 +236,13 @@ async def serve_command(args: argparse.Namespace) -> int:
     await node.close()
     log.info("stopped cleanly")
     return 0
+
+
+def _start_up_lock(storage: StorageEngine) -> contextlib.AbstractAsyncContextManager[None]:
+    """A store shared by several servers (PostgreSQL) is locked while one of them creates
+    its node key and system; any other store needs no lock."""
+    exclusive = getattr(storage, "exclusive", None)
+    return contextlib.nullcontext() if exclusive is None else exclusive()
 
 
 def _ready(args: argparse.Namespace, server: Server, *, root: str, where: str) -> None:

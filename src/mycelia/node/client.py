@@ -30,7 +30,8 @@ import random
 import re
 import socket
 import ssl as ssl_module
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
@@ -47,6 +48,7 @@ from mycelia.errors import (
     PresenceRejected,
     RequestTimeout,
 )
+from mycelia.node.failover import Failover
 from mycelia.node.peer import PeerConnection
 from mycelia.node.ports import MakeRequest, Session
 from mycelia.node.progress import Slow
@@ -350,7 +352,7 @@ class Dialable(Protocol):
 
 async def connect(
     node: Dialable,
-    url: str,
+    url: str | Sequence[str],
     *,
     token: bytes | None = None,
     min_backoff: float = 0.05,
@@ -362,25 +364,34 @@ async def connect(
 ) -> Connection:
     """Dial ``url`` (``ws://host:port`` or ``wss://``) and keep the node connected until closed.
 
+    ``url`` may be several servers of one cluster (replicas on one PostgreSQL): they are
+    tried in turn, and when the one in use dies the node fails over to the next, with
+    backoff (:mod:`mycelia.node.failover`); owed and in-flight commits are pushed again
+    and live queries re-subscribed, as on any reconnect.
+
     Returns at once; ``await node.wait_ready(timeout=...)`` (or the connection's
     ``wait_ready``) waits for the first usable connection. ``compression="deflate"``
     turns on permessage-deflate (off by default: frames are already compact msgpack).
     ``wss://`` verifies the server's certificate against the system's trust store, or
     against ``ssl`` (an ``ssl.SSLContext``) when given. Raises InvalidArgument for a URL
-    that is not a websocket URL, or ``ssl`` with a ``ws://`` one.
+    that is not a websocket URL, no URL, or ``ssl`` with a ``ws://`` one.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        scheme = f"scheme {parts.scheme + '://'!r}" if parts.scheme else "no scheme"
-        raise InvalidArgument(
-            f"{url!r} is not a websocket URL ({scheme}): use ws://host:port (or wss:// for TLS)"
-        )
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise InvalidArgument("give at least one server URL")
+    for each in urls:
+        parts = urlsplit(each)
+        if parts.scheme not in ("ws", "wss") or not parts.hostname:
+            scheme = f"scheme {parts.scheme + '://'!r}" if parts.scheme else "no scheme"
+            raise InvalidArgument(
+                f"{each!r} is not a websocket URL ({scheme}): use ws://host:port (or wss:// "
+                "for TLS)"
+            )
+        if ssl is not None and parts.scheme != "wss":
+            raise InvalidArgument(f"ssl= is given but {each!r} is not a wss:// URL")
     limits = node.limits
 
-    if ssl is not None and parts.scheme != "wss":
-        raise InvalidArgument(f"ssl= is given but {url!r} is not a wss:// URL")
-
-    async def dial() -> Transport:
+    async def dial_one(url: str) -> Transport:
         tls: dict[str, Any] = {} if ssl is None else {"ssl": ssl}  # wss:// defaults to verify
         try:
             websocket = await ws_connect(
@@ -401,6 +412,7 @@ async def connect(
             ) from exc
         return WebsocketTransport(websocket)
 
+    dial: Dialer = Failover(urls, dial_one) if len(urls) > 1 else partial(dial_one, urls[0])
     connection = node.attach(
         dial,
         token=token,

@@ -40,6 +40,7 @@ from mycelia.node.client import Connection, ConnectionState, Dialer
 from mycelia.node.commits import CommitPipeline, LocalCommits, Rejection
 from mycelia.node.context import Context, ContextParts
 from mycelia.node.deltas import query_rows
+from mycelia.node.feed import FeedFollower, follows
 from mycelia.node.identity import KEY_META, NodeKey
 from mycelia.node.live import LiveParts, Reactor
 from mycelia.node.outbox import Outbox
@@ -159,6 +160,11 @@ class Node:
             has_system=lambda: self._root is not None,
             commits=self._pipeline,
         )
+        self._feed: FeedFollower | None = None
+        if follows(storage):  # other processes write this store: hear of their commits
+            notify, lock = self._notify, self._applier.lock
+            self._feed = FeedFollower(storage, residents=self._residents, lock=lock, notify=notify)
+            self._listeners.append(self._feed.reported)
         self._gate = Gatekeeper(policy, lambda: self._root)
         self._me = Identity(key, durable, limits, lambda: self._root, self._entropy)
         self._connection: Connection | None = None
@@ -199,6 +205,7 @@ class Node:
         limits: Limits = DEFAULT_LIMITS,
         rng: random.Random | None = None,
         progress: bool = True,
+        key: NodeKey | None = None,
     ) -> _Opening:
         """Open a node on ``storage``: ``node = await Node.open(...)`` or ``async with``.
 
@@ -206,13 +213,20 @@ class Node:
         deterministic — for simulations and tests only: production nodes draw from
         ``secrets``. ``progress``: a client's sync that takes over a second (preparing a
         session, a live query's first result) shows a bar while stderr is a terminal
-        (``False``: never); it is logged at INFO every few seconds either way.
+        (``False``: never); it is logged at INFO every few seconds either way. ``key``: the
+        node's key from elsewhere (a server that keeps nothing on its disk); by default it
+        is the one kept in ``storage``, made on first open.
         """
-        return _Opening(
-            cls._open(
-                storage, durable=durable, policy=policy, limits=limits, rng=rng, progress=progress
-            )
+        opening = cls._open(
+            storage,
+            durable=durable,
+            policy=policy,
+            limits=limits,
+            rng=rng,
+            progress=progress,
+            key=key,
         )
+        return _Opening(opening)
 
     @classmethod
     async def _open(
@@ -224,17 +238,13 @@ class Node:
         limits: Limits,
         rng: random.Random | None,
         progress: bool,
+        key: NodeKey | None,
     ) -> Node:
+        offset = await storage.last_offset() if follows(storage) else 0  # feed followed from here
         raw = await storage.get_meta(ROOT_KEY)
         root = EntityId(raw) if raw is not None else None
-        stored_key = await storage.get_meta(KEY_META)
-        if stored_key is None:
-            key = (
-                NodeKey.generate() if rng is None else NodeKey.from_private_bytes(rng.randbytes(32))
-            )
-            await storage.write(WriteBatch(meta=((KEY_META, key.private_bytes()),)))
-        else:
-            key = NodeKey.from_private_bytes(stored_key)
+        if key is None:
+            key = await _stored_key(storage, rng)
         node = cls(
             storage,
             durable=durable,
@@ -247,6 +257,8 @@ class Node:
         )
         if node._pipeline is not None:
             await node._pipeline.load()
+        if node._feed is not None:
+            node._spawn(node._feed.run(offset))
         return node
 
     # -- what a node is ------------------------------------------------------------------
@@ -563,6 +575,16 @@ class Node:
         self._tasks.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("a node task failed", exc_info=task.exception())
+
+
+async def _stored_key(storage: StorageEngine, rng: random.Random | None) -> NodeKey:
+    """The node key kept in ``storage``, made and stored on first open."""
+    stored_key = await storage.get_meta(KEY_META)
+    if stored_key is not None:
+        return NodeKey.from_private_bytes(stored_key)
+    key = NodeKey.generate() if rng is None else NodeKey.from_private_bytes(rng.randbytes(32))
+    await storage.write(WriteBatch(meta=((KEY_META, key.private_bytes()),)))
+    return key
 
 
 async def _nothing() -> AsyncIterator[Rejection]:

@@ -23,7 +23,9 @@ Schema (all tables in the PostgreSQL schema named by ``schema=``, default ``myce
   longer than ``MAX_INDEXED_KEY`` (a *long* entry), ``field`` its UTF-8; a btree on
   ``(collection, field, key, entity_id)`` serves ``fetch``;
 - ``meta(key PK, value)``; ``version(version)``: the schema version (2 added
-  ``field_keys``; migrating to it indexes every stored state).
+  ``field_keys``; migrating to it indexes every stored state; 3 added ``node_keys``);
+- ``node_keys(name PK, key)`` — node keys kept per node name (:meth:`PostgresStorage.node_key`),
+  for server processes that keep nothing on their disk. They are not part of a dump.
 
 Invariants:
 
@@ -33,6 +35,15 @@ Invariants:
 - Every write batch is **one transaction**: events (``ON CONFLICT DO NOTHING ... RETURNING
   id`` tells which were new), states and their ``field_keys`` rows (replaced whole), feed
   rows, meta. So the field index never disagrees with the states a reader sees.
+- **Reading an entity's head and writing its state are one serialisable step.** Several
+  processes may commit to one entity at once: each write locks the stored states' rows
+  (``SELECT ... FOR UPDATE``, in entity order; a new entity's row is inserted first, so a
+  writer racing to create it waits, then locks it) and, where the stored head is not in
+  the written state's history, stores the join of both instead
+  (:mod:`mycelia.storage.join`). So no process's head is lost and no event is left
+  unreachable; the feed row names the head actually stored. Writers take their locks in
+  one order (events by id, states by entity, the feed clock last); a transaction aborted
+  to break a deadlock anyway is run again.
 - ``fetch`` returns exactly ``sort_rows`` over ``scan``: what maps exactly is pushed down
   (one indexed range or set of keys, as parameters: see :mod:`mycelia.storage.plan`), the
   field's long entries are added (kept if their recomputed key is in range), the whole
@@ -48,8 +59,11 @@ Invariants:
 - ``wait_for_feed`` wakes on ``LISTEN``/``NOTIFY`` (each batch notifies its last offset on
   commit), but treats it as a hint only: it re-reads the clock and polls every
   ``poll_interval`` seconds, so a lost notification (or a backend without NOTIFY) costs
-  latency, never data. Several processes may share one database and see each other's
-  commits.
+  latency, never data (:mod:`mycelia.storage.postgres_listen`). Several processes may
+  share one database and see each other's commits: the engine says so (``shared``), and a
+  node on it follows its feed (:mod:`mycelia.node.feed`).
+- :meth:`PostgresStorage.exclusive` holds a per-schema advisory lock, so servers that
+  start together on an empty schema create one node key and one system.
 """
 
 from __future__ import annotations
@@ -60,6 +74,7 @@ import logging
 import re
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Final, cast
 
 import psycopg
@@ -77,7 +92,9 @@ from mycelia.storage.engine import (
     decode_values,
     entity_records,
 )
+from mycelia.storage.join import covers, join_stored
 from mycelia.storage.plan import IndexPlan, check_bound, index_entries, plan_query
+from mycelia.storage.postgres_listen import FeedListener
 from mycelia.storage.postgres_sql import (
     FIELD_KEYS_VERSION,
     MIGRATIONS,
@@ -92,6 +109,7 @@ from mycelia.storage.postgres_sql import (
     matching,
     merge_rows,
     sorted_states,
+    state_row,
     state_rows,
 )
 from mycelia.storage.staging import Spill, load_batches, stale_load
@@ -113,6 +131,45 @@ def _translate(exc: Exception, what: str) -> StorageError:
     return StorageError(f"{what}: {exc}")
 
 
+_RECENT: Final = 4096
+"""Most recent events of an entity read at once to join a concurrent write."""
+_JOIN_AHEAD: Final = 8
+"""Most ancestors read ahead per step of a join's comparison (see ``_Events``)."""
+_ATTEMPTS: Final = 5
+"""Runs of a write transaction that PostgreSQL aborted to break a deadlock."""
+
+
+async def _new_ids(cursor: psycopg.AsyncCursor[Any]) -> frozenset[EventId]:
+    """The ids an ``insert_events`` statement inserted (the others were stored before)."""
+    return frozenset(EventId._trusted(r[0]) for r in await cursor.fetchall())
+
+
+async def _offsets(cursor: psycopg.AsyncCursor[Any], count: int) -> tuple[int, ...]:
+    """The ``count`` offsets an ``append_feed`` statement took, from its last one."""
+    row = await cursor.fetchone()
+    assert row is not None
+    last = int(row[0])
+    return tuple(range(last - count + 1, last + 1))
+
+
+def _lock_key(name: str) -> int:
+    """An advisory lock key (a signed 64-bit integer) for ``name``."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+def _state_columns(rows: Sequence[StateRow]) -> list[list[Any]]:
+    """The ``upsert_states`` / ``insert_new_states`` parameters: one array per column."""
+    return [list(c) for c in zip(*(r[:5] for r in rows), strict=True)]
+
+
+def _events_query(ids: Collection[EventId], ahead: int) -> tuple[str, Any]:
+    """The statement and parameters that read ``ids`` (plus ``ahead`` ancestors)."""
+    wanted = [bytes(i) for i in ids]
+    if ahead > 0:
+        return "ahead", {"ids": wanted, "n": len(wanted) + ahead}
+    return "events", (wanted,)
+
+
 def _event_columns(events: Sequence[AdmittedEvent]) -> list[list[Any]]:
     """The ``insert_events`` parameters: one array per column."""
     return [
@@ -126,6 +183,10 @@ def _event_columns(events: Sequence[AdmittedEvent]) -> list[list[Any]]:
 
 class PostgresStorage:
     """The PostgreSQL engine; ``await PostgresStorage(dsn).open()`` (see the module docstring)."""
+
+    shared: Final = True
+    """Other processes may write this store: a node on it follows its change feed
+    (:mod:`mycelia.node.feed`)."""
 
     def __init__(
         self,
@@ -151,8 +212,7 @@ class PostgresStorage:
         self._connect_timeout = connect_timeout
         self._q = {k: sql.SQL(v).format(s=sql.Identifier(schema)) for k, v in QUERIES.items()}
         self._pool: AsyncConnectionPool[Any] | None = None
-        self._listener: asyncio.Task[None] | None = None
-        self._news = asyncio.Event()
+        self._listener = FeedListener(dsn, self.channel, poll_interval=poll_interval)
         self._opening = asyncio.Lock()
         self._closed = False
 
@@ -183,19 +243,11 @@ class PostgresStorage:
                 raise
             self._pool = pool
             if self._listen_enabled:
-                listening = asyncio.Event()
-                self._listener = asyncio.create_task(self._listen(listening), name=self.channel)
-                try:  # so that a commit made right after open() wakes this engine
-                    async with asyncio.timeout(self._connect_timeout):
-                        await listening.wait()
-                except TimeoutError:
-                    log.warning("feed listener on %s not ready; polling", self.channel)
+                await self._listener.start(timeout=self._connect_timeout)
             return self
 
     async def _migrate(self, pool: AsyncConnectionPool[Any]) -> None:
-        key = int.from_bytes(
-            hashlib.sha256(f"mycelia:{self.schema}".encode()).digest()[:8], "big", signed=True
-        )
+        key = _lock_key(f"mycelia:{self.schema}")
         s = sql.Identifier(self.schema)
         async with pool.connection() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
@@ -257,27 +309,6 @@ class PostgresStorage:
                 keys = [(e, c, index_entries(decode_values(raw))) for e, c, raw in rows]
                 await conn.execute(self._q["insert_keys"], key_columns(keys))
 
-    async def _listen(self, listening: asyncio.Event) -> None:
-        """Turn NOTIFYs into wake-ups; reconnect after errors (the wake is only a hint)."""
-        while not self._closed:
-            try:
-                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-                async with conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-                    listening.set()
-                    self._wake()  # something may have committed while we were not listening
-                    async for _ in conn.notifies():
-                        self._wake()
-            except psycopg.Error as exc:
-                log.warning(
-                    "feed listener on %s failed (%s); polling until it is back", self.channel, exc
-                )
-                await asyncio.sleep(self._poll)  # a reconnect back-off, not a wait for a condition
-
-    def _wake(self) -> None:
-        news, self._news = self._news, asyncio.Event()
-        news.set()
-
     async def _ready(self) -> AsyncConnectionPool[Any]:
         if self._closed:
             raise StorageError("this PostgreSQL storage is closed")
@@ -306,12 +337,7 @@ class PostgresStorage:
         """Known events among ``ids`` plus up to ``ahead`` ancestors (one recursive query)."""
         if not ids:
             return {}
-        wanted = [bytes(i) for i in ids]
-        if ahead > 0:
-            rows = await self._fetch("ahead", {"ids": wanted, "n": len(wanted) + ahead})
-        else:
-            rows = await self._fetch("events", (wanted,))
-        return {e.id: e for e in map(admitted, rows)}
+        return {e.id: e for e in map(admitted, await self._fetch(*_events_query(ids, ahead)))}
 
     async def event_stored(self, event_id: EventId) -> bool:
         """Whether the event is stored."""
@@ -422,20 +448,46 @@ class PostgresStorage:
 
     async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:
         """Wait for a feed row beyond ``offset`` (NOTIFY wakes it early; polls otherwise)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            news = self._news  # taken before reading, so a wake in between is not missed
-            if await self.last_offset() > offset:
-                return True
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            try:
-                async with asyncio.timeout(min(remaining, self._poll)):
-                    await news.wait()
-            except TimeoutError:
-                pass
+        await self._ready()
+        return await self._listener.wait(offset, timeout=timeout, last_offset=self.last_offset)
+
+    # ------------------------------------------------------------------ several processes
+
+    @property
+    def listener_pid(self) -> int | None:
+        """The PostgreSQL backend pid of the feed's ``LISTEN`` connection (``None`` while
+        it is not listening), as ``pg_stat_activity`` shows it."""
+        return self._listener.pid
+
+    async def node_key(self, name: str, candidate: bytes) -> bytes:
+        """The node key kept in this schema for the node called ``name``, storing
+        ``candidate`` first if there is none (atomic: processes starting together with
+        one name get one key). Raises StorageError."""
+        pool = await self._ready()
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                await conn.execute(self._q["node_key_put"], (name, candidate))
+                row = await (await conn.execute(self._q["node_key"], (name,))).fetchone()
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, "PostgreSQL node key read failed") from exc
+        assert row is not None
+        return bytes(row[0])
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Hold this schema's start-up lock (a session advisory lock): one process at a
+        time, so servers starting together create one node key and one system."""
+        pool = await self._ready()
+        key = _lock_key(f"mycelia:{self.schema}:start")
+        try:
+            async with pool.connection() as conn:
+                await conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+                try:
+                    yield
+                finally:
+                    await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, "PostgreSQL start-up lock failed") from exc
 
     # ------------------------------------------------------------------ dump and load
 
@@ -483,7 +535,7 @@ class PostgresStorage:
                         await self._write_meta(conn, meta)
             except (psycopg.Error, PoolTimeout) as exc:
                 raise _translate(exc, "PostgreSQL load failed") from exc
-        self._wake()
+        self._listener.wake()
         return total
 
     async def _lock_feed(self, conn: psycopg.AsyncConnection[Any], if_offset: int | None) -> None:
@@ -498,53 +550,135 @@ class PostgresStorage:
     # ------------------------------------------------------------------ writes
 
     async def write(self, batch: WriteBatch) -> WriteResult:
-        """Make ``batch`` durable in one transaction; raises StorageError, writing nothing."""
+        """Make ``batch`` durable in one transaction; raises StorageError, writing nothing.
+
+        Each state is written under its row lock, joined with a state another process
+        stored meanwhile (:mod:`mycelia.storage.join`). A transaction that PostgreSQL
+        aborts to break a deadlock between writers is run again (it wrote nothing). The
+        statements are pipelined: the transaction costs two round trips to the server
+        (three with a join), whatever the batch holds.
+        """
         states = state_rows(batch)  # encodes first: a bad state fails before any I/O
         if not (batch.events or states or batch.meta or batch.forget):
             await self._ready()
             return WriteResult(frozenset(), ())
         pool = await self._ready()
-        try:
-            async with pool.connection() as conn, conn.transaction():
-                if batch.forget:
-                    await conn.execute(self._q["forget"], {"ids": [bytes(e) for e in batch.forget]})
-                new = await self._insert_events(conn, batch.events)
-                offsets = await self._insert_states(conn, states)
-                await self._write_meta(conn, batch.meta)
-        except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, "PostgreSQL write failed") from exc
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                async with pool.connection() as conn:
+                    async with conn.pipeline(), conn.transaction():
+                        if batch.forget:
+                            forget = {"ids": [bytes(e) for e in batch.forget]}
+                            await conn.execute(self._q["forget"], forget)
+                        added = await self._insert_events(conn, batch.events)
+                        rows, inserted = await self._lock_and_join(conn, batch, states)
+                        feed = await self._insert_states(conn, rows, inserted=inserted)
+                        await self._write_meta(conn, batch.meta)
+                    new = frozenset() if added is None else await _new_ids(added)
+                    offsets = () if feed is None else await _offsets(feed, len(rows))
+                break
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+                if attempt == _ATTEMPTS:
+                    raise _translate(exc, "PostgreSQL write failed") from exc
+                log.info("PostgreSQL write aborted (%s); running it again", exc)
+            except (psycopg.Error, PoolTimeout) as exc:
+                raise _translate(exc, "PostgreSQL write failed") from exc
         if offsets:
-            self._wake()
+            self._listener.announce(offsets[-1])
         return WriteResult(new, offsets)
 
     async def _insert_events(
         self, conn: psycopg.AsyncConnection[Any], events: Sequence[AdmittedEvent]
-    ) -> frozenset[EventId]:
+    ) -> psycopg.AsyncCursor[Any] | None:
+        """Insert ``events``; the cursor's rows (read after the commit) are the new ids."""
         if not events:
-            return frozenset()
-        cursor = await conn.execute(self._q["insert_events"], _event_columns(events))
-        return frozenset(EventId._trusted(r[0]) for r in await cursor.fetchall())
+            return None
+        ordered = sorted(events, key=lambda e: e.id)  # one order for every writer's index locks
+        return await conn.execute(self._q["insert_events"], _event_columns(ordered))
+
+    async def _lock_and_join(
+        self, conn: psycopg.AsyncConnection[Any], batch: WriteBatch, rows: list[StateRow]
+    ) -> tuple[list[StateRow], set[bytes]]:
+        """``rows`` with each stored state's row locked (in entity order) and, where
+        another process stored a state the batch's does not descend from, the join of
+        both in its place (the feed row then names the joined head); and the entities
+        that had no stored state, whose rows are inserted here (so a racing writer of
+        the same new entity waits for this one, then joins)."""
+        inserted: set[bytes] = set()
+        if not rows:
+            return rows, inserted
+        latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
+        order = sorted(latest)
+        found = await (await conn.execute(self._q["lock_states"], (order,))).fetchall()
+        locked = {bytes(e): raw for e, raw in found}
+        fresh = [latest[e] for e in order if e not in locked]
+        if fresh:
+            cursor = await conn.execute(self._q["insert_new_states"], _state_columns(fresh))
+            inserted = {bytes(r[0]) for r in await cursor.fetchall()}
+            raced = [r[0] for r in fresh if r[0] not in inserted]  # committed meanwhile
+            if raced:
+                again = await (await conn.execute(self._q["lock_states"], (raced,))).fetchall()
+                locked.update((bytes(e), raw) for e, raw in again)
+        if locked:
+            written = {bytes(s.state.entity_id): s for s in batch.states}
+            for entity, raw in sorted(locked.items()):
+                own = {e.id: e for e in batch.events if bytes(e.entity_id) == entity}
+                joined = await self._join(conn, decode_state(raw), written[entity], own)
+                if joined is not None:
+                    latest[entity] = state_row(joined)
+        last = {r[0]: i for i, r in enumerate(rows)}
+        joined_rows = [latest[r[0]] if last[r[0]] == i else r for i, r in enumerate(rows)]
+        return joined_rows, inserted
+
+    async def _join(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        stored: EntityState,
+        written: StoredState,
+        own: dict[EventId, AdmittedEvent],
+    ) -> StoredState | None:
+        """:func:`join_stored` in the write's transaction. When the batch's own events do
+        not show that the stored head is in the written history, the entity's recent
+        events (from just below the batch's) are read in one query first: the region a
+        comparison would walk, without a round trip per step."""
+        head = written.state.state.head
+        if covers(head, stored.state.head, own):
+            return None
+        gens = [
+            *stored.state.head_generations().values(),
+            *written.state.state.head_generations().values(),
+        ]
+        floor = min([e.generation for e in own.values()] + gens) - 1
+        params = {"entity": bytes(stored.entity_id), "floor": floor, "n": _RECENT}
+        rows = await (await conn.execute(self._q["recent"], params, binary=True)).fetchall()
+        known = {e.id: e for e in map(admitted, rows)} | own
+        joined = await join_stored(stored, written, known, _Events(self._q, conn))
+        if joined is not None:
+            log.debug("joined a concurrent write of entity %s", stored.entity_id)
+        return joined
 
     async def _insert_states(
         self,
         conn: psycopg.AsyncConnection[Any],
         rows: list[StateRow],
-    ) -> tuple[int, ...]:
+        *,
+        inserted: Collection[bytes] = (),
+    ) -> psycopg.AsyncCursor[Any] | None:
+        """Store ``rows`` (their field keys replaced whole) and append their feed rows;
+        the states of ``inserted`` entities are in place already. The cursor's row (read
+        after the commit, :func:`_offsets`) holds the last offset taken."""
         if not rows:
-            return ()
+            return None
         latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
-        columns = [list(c) for c in zip(*(r[:5] for r in latest.values()), strict=True)]
-        await conn.execute(self._q["upsert_states"], columns)
+        stale = [r for e, r in latest.items() if e not in inserted]
+        if stale:
+            await conn.execute(self._q["upsert_states"], _state_columns(stale))
         await conn.execute(self._q["delete_keys"], (list(latest),))
         keys = [(r[0], r[1], r[6]) for r in latest.values() if r[6]]
         if keys:
             await conn.execute(self._q["insert_keys"], key_columns(keys))
         feed = {"e": [r[0] for r in rows], "c": [r[1] for r in rows], "h": [r[5] for r in rows]}
-        cursor = await conn.execute(self._q["append_feed"], {**feed, "channel": self.channel})
-        row = await cursor.fetchone()
-        assert row is not None
-        last = int(row[0])
-        return tuple(range(last - len(rows) + 1, last + 1))
+        return await conn.execute(self._q["append_feed"], {**feed, "channel": self.channel})
 
     async def _write_meta(
         self, conn: psycopg.AsyncConnection[Any], meta: Sequence[tuple[str, bytes | None]]
@@ -562,10 +696,30 @@ class PostgresStorage:
     async def close(self) -> None:
         """Stop listening and close the pool; further use raises StorageError."""
         self._closed = True
-        if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.gather(self._listener, return_exceptions=True)
-            self._listener = None
+        await self._listener.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+
+
+class _Events:
+    """Events as one write's transaction sees them, its own included (for joins).
+
+    Read-ahead is capped: the join reads the entity's recent events first, so a walk
+    rarely goes beyond them, and ancestors read ahead below them would be decoded for
+    nothing."""
+
+    __slots__ = ("_conn", "_queries")
+
+    def __init__(self, queries: Mapping[str, sql.Composed], conn: psycopg.AsyncConnection[Any]):
+        self._queries = queries
+        self._conn = conn
+
+    async def get_events(
+        self, ids: Collection[EventId], *, ahead: int = 0
+    ) -> Mapping[EventId, AdmittedEvent]:
+        if not ids:
+            return {}
+        name, params = _events_query(ids, min(ahead, _JOIN_AHEAD))
+        cursor = await self._conn.execute(self._queries[name], params, binary=True)
+        return {e.id: e for e in map(admitted, await cursor.fetchall())}

@@ -5,7 +5,8 @@ schema) runs them. Invariants:
 
 - Migration *n* (1-based, :data:`MIGRATIONS`) brings the schema from version n-1 to n;
   :data:`SCHEMA_VERSION` is the newest. Version 2 added ``field_keys``, whose data step
-  (indexing every stored state) the engine runs in the migration's transaction.
+  (indexing every stored state) the engine runs in the migration's transaction; version 3
+  added ``node_keys`` (node keys kept per node name, for servers that keep nothing on disk).
 - Every value reaches the server as a query parameter, never inside SQL text; the
   statements only take the schema name, quoted as an identifier.
 - :func:`state_rows` encodes a whole batch before any I/O, so a bad state fails alone.
@@ -46,6 +47,7 @@ __all__ = [
     "matching",
     "merge_rows",
     "sorted_states",
+    "state_row",
     "state_rows",
 ]
 
@@ -69,7 +71,10 @@ CREATE TABLE {s}.field_keys (entity_id bytea NOT NULL, field bytea NOT NULL,
     collection text NOT NULL, key bytea, PRIMARY KEY (entity_id, field));
 CREATE INDEX field_keys_by_key ON {s}.field_keys (collection, field, key, entity_id)
 """
-MIGRATIONS: Final = (_V1, _V2)
+_V3: Final = """
+CREATE TABLE IF NOT EXISTS {s}.node_keys (name text PRIMARY KEY, key bytea NOT NULL)
+"""
+MIGRATIONS: Final = (_V1, _V2, _V3)
 """Migration *n* (1-based) brings the schema from version n-1 to n."""
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 FIELD_KEYS_VERSION: Final = 2
@@ -79,6 +84,16 @@ _STATEMENTS: Final = {
     "insert_events": """INSERT INTO {s}.events (id, entity_id, generation, parents, body)
         SELECT * FROM unnest(%b::bytea[], %b::bytea[], %b::bigint[], %b::bytea[], %b::bytea[])
         ON CONFLICT (id) DO NOTHING RETURNING id""",
+    "insert_new_states": """INSERT INTO {s}.states (entity_id, collection, state, values_raw,
+            "values")
+        SELECT e, c, st, r, j::jsonb FROM unnest(%b::bytea[], %s::text[], %b::bytea[],
+            %b::bytea[], %s::text[]) AS t(e, c, st, r, j)
+        ON CONFLICT (entity_id) DO NOTHING RETURNING entity_id""",
+    "lock_states": """SELECT entity_id, state FROM {s}.states WHERE entity_id = ANY(%b::bytea[])
+        ORDER BY entity_id FOR UPDATE""",
+    "node_key_put": """INSERT INTO {s}.node_keys (name, key) VALUES (%s, %b)
+        ON CONFLICT (name) DO NOTHING""",
+    "node_key": "SELECT key FROM {s}.node_keys WHERE name = %s",
     "upsert_states": """INSERT INTO {s}.states (entity_id, collection, state, values_raw, "values")
         SELECT e, c, st, r, j::jsonb FROM unnest(%b::bytea[], %s::text[], %b::bytea[],
             %b::bytea[], %s::text[]) AS t(e, c, st, r, j)
@@ -114,6 +129,9 @@ _STATEMENTS: Final = {
         SELECT e.id, e.generation, e.body
         FROM (SELECT id FROM walk LIMIT %(n)s) w JOIN {s}.events e ON e.id = w.id""",
     "stored": "SELECT 1 FROM {s}.events WHERE id = %b",
+    "recent": """SELECT id, generation, body FROM {s}.events
+        WHERE entity_id = %(entity)b AND generation >= %(floor)s
+        ORDER BY generation DESC, id LIMIT %(n)s""",
     "events_of": """SELECT id, generation, body FROM {s}.events WHERE entity_id = %b
         ORDER BY generation, id""",
     "state": "SELECT state FROM {s}.states WHERE entity_id = %b",
@@ -261,15 +279,17 @@ def key_columns(
 def state_rows(batch: WriteBatch) -> list[StateRow]:
     """(entity, collection, state, values msgpack, values JSON, head, index entries) per
     state; raises StorageError if a state cannot be stored."""
-    rows = []
-    for stored in batch.states:
-        state = stored.state
-        if not isinstance(state, EntityState):
-            raise StorageError("a write batch holds something that is not a state")
-        raw = encode_values(stored.values)
-        projection = json.dumps(jsonable(stored.values), ensure_ascii=False, allow_nan=False)
-        head = b"".join(state.state.head.ids)
-        entity = bytes(state.entity_id)
-        entries = index_entries(stored.values)
-        rows.append((entity, state.collection, state.to_bytes(), raw, projection, head, entries))
-    return rows
+    return [state_row(stored) for stored in batch.states]
+
+
+def state_row(stored: StoredState) -> StateRow:
+    """One state's row (see :func:`state_rows`); raises StorageError if it cannot be stored."""
+    state = stored.state
+    if not isinstance(state, EntityState):
+        raise StorageError("a write batch holds something that is not a state")
+    raw = encode_values(stored.values)
+    projection = json.dumps(jsonable(stored.values), ensure_ascii=False, allow_nan=False)
+    head = b"".join(state.state.head.ids)
+    entity = bytes(state.entity_id)
+    entries = index_entries(stored.values)
+    return (entity, state.collection, state.to_bytes(), raw, projection, head, entries)

@@ -1,0 +1,132 @@
+"""The PostgreSQL change feed's wake-up: ``LISTEN`` on the feed's channel (ARCHITECTURE.md §6).
+
+Every write batch with states notifies its last feed offset on commit. A
+:class:`FeedListener` keeps one connection listening and turns notifications into
+wake-ups for :meth:`FeedListener.wait`. Invariants:
+
+- The wake is a **hint only**. A waiter re-checks the clock and polls every
+  ``poll_interval`` seconds, so a lost notification (a dropped connection, a proxy or a
+  PostgreSQL-compatible server without ``NOTIFY``) costs latency, never data.
+- :attr:`FeedListener.notified` is the largest offset announced (by a notification, or by
+  this engine's own write through :meth:`FeedListener.announce`). Offsets commit in order
+  (the feed clock row serialises writers), so every offset up to it is committed: a waiter
+  below it returns at once, without asking the server.
+- A lost listening connection is re-established with exponential back-off (from the poll
+  interval up to :data:`MAX_BACKOFF`), logged once per loss; meanwhile waiters poll. Once
+  listening again it wakes every waiter: something may have committed meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import psycopg
+from psycopg import sql
+
+__all__ = ["MAX_BACKOFF", "FeedListener"]
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF: Final = 30.0
+"""Longest pause between attempts to listen again (seconds)."""
+
+
+class FeedListener:
+    """One ``LISTEN`` connection's wake-ups for feed waiters (see the module docstring)."""
+
+    def __init__(self, dsn: str, channel: str, *, poll_interval: float) -> None:
+        self.dsn = dsn
+        self.channel = channel
+        self.notified = 0
+        self.pid: int | None = None
+        """The backend process id of the listening connection (``None`` while not
+        listening): operators and tests can find it in ``pg_stat_activity``."""
+        self._poll = poll_interval
+        self._news = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, *, timeout: float) -> None:
+        """Start listening; returns once it listens (or after ``timeout``, then polling)."""
+        listening = asyncio.Event()
+        self._task = asyncio.create_task(self._listen(listening), name=self.channel)
+        try:  # so that a commit made right after this returns wakes the waiters
+            async with asyncio.timeout(timeout):
+                await listening.wait()
+        except TimeoutError:
+            log.warning("feed listener on %s not ready; polling", self.channel)
+
+    def announce(self, offset: int) -> None:
+        """Offsets up to ``offset`` are committed (this engine's own write): wake waiters."""
+        self.notified = max(self.notified, offset)
+        self._wake()
+
+    def wake(self) -> None:
+        """Wake every waiter (they re-check the feed)."""
+        self._wake()
+
+    async def wait(
+        self, offset: int, *, timeout: float, last_offset: Callable[[], Awaitable[int]]
+    ) -> bool:
+        """Wait for a committed offset beyond ``offset``, at most ``timeout`` seconds;
+        returns whether there is one. ``last_offset`` reads the clock (polling)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            news = self._news  # taken before reading, so a wake in between is not missed
+            if self.notified > offset:
+                return True
+            last = await last_offset()
+            if last > offset:
+                self.notified = max(self.notified, last)
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                async with asyncio.timeout(min(remaining, self._poll)):
+                    await news.wait()
+            except TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        """Stop listening."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self.pid = None
+
+    def _wake(self) -> None:
+        news, self._news = self._news, asyncio.Event()
+        news.set()
+
+    async def _listen(self, listening: asyncio.Event) -> None:
+        backoff = self._poll
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                async with conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    self.pid = conn.info.backend_pid
+                    listening.set()
+                    backoff = self._poll
+                    self._wake()  # something may have committed while we were not listening
+                    async for notification in conn.notifies():
+                        self._heard(notification.payload)
+            except psycopg.Error as exc:
+                log.warning(
+                    "feed listener on %s failed (%s); polling every %gs until it is back",
+                    self.channel, exc, self._poll,
+                )  # fmt: skip
+            self.pid = None
+            await asyncio.sleep(backoff)  # a reconnect back-off, not a wait for a condition
+            backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _heard(self, payload: str) -> None:
+        with contextlib.suppress(ValueError):  # not an offset: still a hint that something moved
+            self.notified = max(self.notified, int(payload))
+        self._wake()

@@ -1,0 +1,206 @@
+"""Nodes on one PostgreSQL follow its change feed: what another node commits reaches this
+node's residents, live queries and the subscriptions it serves (ARCHITECTURE.md §6, §7)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from mycelia import EntityId, Node
+from mycelia.entity import Entity
+from mycelia.entity.verdicts import head_after
+from mycelia.errors import EntityNotFound
+from mycelia.node.feed import follows
+from mycelia.node.inprocess import InProcessServer
+from mycelia.proto import AdmittedEvent, Clock
+from mycelia.storage import MemoryStorage
+from mycelia.storage.postgres import PostgresStorage
+from tests.cluster.models import Card
+from tests.node.waiting import until
+from tests.storage.conftest import PostgresSchemas
+
+pytestmark = pytest.mark.postgres
+
+
+async def open_pair(
+    schemas: PostgresSchemas, **options: float
+) -> tuple[Node, Node, PostgresStorage, PostgresStorage]:
+    """Two durable nodes on one schema (one system), each with its own engine."""
+    schema = schemas.new_schema()
+    first = await PostgresStorage(schemas.dsn, schema=schema, **options).open()  # type: ignore[arg-type]
+    a = await Node.open(first, durable=True)
+    await a.create_system()
+    second = await PostgresStorage(schemas.dsn, schema=schema, **options).open()  # type: ignore[arg-type]
+    b = await Node.open(second, durable=True)
+    assert b.system_root == a.system_root
+    return a, b, first, second
+
+
+@pytest.fixture
+async def pair(pg_schemas: PostgresSchemas) -> AsyncIterator[tuple[Node, Node]]:
+    a, b, _, _ = await open_pair(pg_schemas)
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+async def create(node: Node, title: str) -> EntityId:
+    async with node.context().transaction() as trx:
+        return trx.create(Card, title=title, body="").id
+
+
+async def set_n(node: Node, entity: EntityId, n: int) -> None:
+    async with node.context().transaction() as trx:
+        (await trx.edit(Card, entity)).n = n
+
+
+async def test_a_live_query_on_one_node_sees_what_another_node_commits(
+    pair: tuple[Node, Node],
+) -> None:
+    a, b = pair
+    async with b.context().query(Card, "n >= 0 ORDER BY n") as live:
+        entity = await create(a, "made on a")
+        await until(b, lambda: _has(live.items, entity, 0))
+        await set_n(a, entity, 7)
+        await until(b, lambda: _has(live.items, entity, 7))
+        assert [c.title for c in live.items] == ["made on a"]
+
+
+async def _has(items: list[Card], entity: EntityId, n: int) -> bool:
+    return any(c.id == entity and c.n == n for c in items)
+
+
+async def test_a_resident_entity_is_refreshed_so_the_next_commit_builds_on_the_other_node(
+    pair: tuple[Node, Node],
+) -> None:
+    a, b = pair
+    entity = await create(a, "t")
+    await until(b, lambda: _n(b, entity, 0))
+    await set_n(b, entity, 1)  # b holds the entity in memory from now on
+    await until(a, lambda: _n(a, entity, 1))
+    await set_n(a, entity, 2)
+    await until(b, lambda: _n(b, entity, 2))
+    assert b.resident_state(entity) is not None, "b's resident was refreshed, not dropped"
+    view_a = await a.context().get(Card, entity)
+    view_b = await b.context().get(Card, entity)
+    assert view_a.head == view_b.head
+    assert len(view_a.head) == 1, "each commit built on the other's: no fork"
+
+
+async def _n(node: Node, entity: EntityId, n: int) -> bool:
+    try:
+        return (await node.context().get(Card, entity)).n == n
+    except EntityNotFound:
+        return False
+
+
+async def test_a_client_of_one_node_sees_what_another_node_commits(
+    pair: tuple[Node, Node],
+) -> None:
+    a, b = pair
+    entity = await create(a, "t")
+    client = await Node.open(MemoryStorage(), durable=False)
+    try:
+        async with InProcessServer(b) as server:
+            server.connect(client)
+            await client.wait_ready(timeout=10)
+            async with client.context().query(Card, "") as live:
+                await until(client, lambda: _has(live.items, entity, 0))
+                for n in range(1, 6):
+                    await set_n(a, entity, n)
+                    await until(client, lambda n=n: _has(live.items, entity, n))  # type: ignore[misc]
+    finally:
+        await client.close()
+
+
+async def test_two_nodes_committing_to_one_entity_a_thousand_times_lose_no_head_and_orphan_no_event(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    a, b, storage, _ = await open_pair(pg_schemas)
+    try:
+        entity = await create(a, "contended")
+        await until(b, lambda: _n(b, entity, 0))
+
+        async def writer(node: Node, name: str, count: int) -> None:
+            for i in range(count):
+                async with node.context().transaction() as trx:
+                    card = await trx.edit(Card, entity)
+                    card.n = i
+                    card.title = f"{name}{i}"
+
+        sides = (("a", a), ("b", b))
+        await asyncio.gather(
+            *(writer(node, f"{s}{t}.", 125) for s, node in sides for t in range(4))
+        )
+        events = await storage.events_of(entity)
+        assert len(events) == 1 + 1000
+        stored = await storage.get_state(entity)
+        assert stored is not None
+        parents = {p for e in events for p in e.parent}
+        maximal = {e.id for e in events if e.id not in parents}
+        assert set(stored.state.head) == maximal, "a head was lost or an event orphaned"
+        replayed = replay(events)
+        assert stored.state.head == replayed.head
+        assert stored == replayed.to_state(), "the stored state is not that of its events"
+        for node in (a, b):
+            await until(node, lambda node=node: _at(node, entity, stored.state.head))  # type: ignore[misc]
+            view = await node.context().get(Card, entity)
+            assert (view.n, view.title) == (replayed.values()["n"], replayed.values()["title"])
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _at(node: Node, entity: EntityId, head: Clock) -> bool:
+    state = node.resident_state(entity)
+    return state is None or state.state.head == head
+
+
+def replay(events: list[AdmittedEvent]) -> Entity:
+    """The entity rebuilt from its events alone (parents first)."""
+    entity = Entity.empty(events[0].entity_id, events[0].collection)
+    applied = []
+    for event in events:
+        entity.apply(event)
+        applied.append(event)
+    entity.set_head(head_after({}, applied))
+    return entity
+
+
+async def test_a_commit_planned_on_a_stale_head_is_joined_with_the_one_it_missed(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    schema = pg_schemas.new_schema()
+    a = await Node.open(await PostgresStorage(pg_schemas.dsn, schema=schema).open(), durable=True)
+    await a.create_system()
+    entity = await create(a, "t")
+    # b hears of nothing but its own writes: no NOTIFY, and a poll far beyond the test
+    deaf = PostgresStorage(pg_schemas.dsn, schema=schema, listen=False, poll_interval=600)
+    b = await Node.open(await deaf.open(), durable=True)
+    try:
+        assert (await b.context().get(Card, entity)).n == 0  # b holds it at the genesis
+        await set_n(a, entity, 1)
+        async with b.context().transaction() as trx:  # planned on the genesis: stale
+            (await trx.edit(Card, entity)).title = "from b"
+        stored = await deaf.get_state(entity)
+        assert stored is not None
+        assert len(stored.state.head) == 2, "both heads kept"
+        events = await deaf.events_of(entity)
+        assert stored == replay(events).to_state()
+        for node in (a, b):
+            await until(node, lambda node=node: _joined(node, entity))  # type: ignore[misc]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _joined(node: Node, entity: EntityId) -> bool:
+    view = await node.context().get(Card, entity)
+    return (view.n, view.title, len(view.head)) == (1, "from b", 2)
+
+
+async def test_a_node_on_a_store_only_it_writes_follows_no_feed() -> None:
+    assert not follows(MemoryStorage())
+    assert follows(PostgresStorage("postgresql://unused"))
