@@ -243,8 +243,10 @@ class Responder:
                         for event in request.events:
                             check_not_reserved(event.collection)
                     await self._commit_remote([list(r.events) for r in requests], check)
-                except MyceliaError:
-                    pass  # one of them is refused: find which, one by one
+                except MyceliaError as exc:  # one of them is refused: find which, one by one
+                    log.debug(
+                        "%d commits from %s: one refused (%r)", len(requests), peer.remote, exc
+                    )
                 else:
                     return [Ack(r.request_id) for r in requests]
             return [await self._commit_one(r, check) for r in requests]
