@@ -1,5 +1,6 @@
 """Nodes on one PostgreSQL follow its change feed: what another node commits reaches this
-node's residents, live queries and the subscriptions it serves (ARCHITECTURE.md §6, §7)."""
+node's residents, live queries and the subscriptions it serves, as the change sets a local
+commit makes, in feed order, a batch at a time (ARCHITECTURE.md §6, §7)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from mycelia import EntityId, Node
-from mycelia.entity import Entity
+from mycelia.entity import Entity, EntityChange, Residents
 from mycelia.entity.verdicts import head_after
 from mycelia.errors import EntityNotFound
-from mycelia.node.feed import follows
+from mycelia.node.feed import FeedFollower, follows
 from mycelia.node.inprocess import InProcessServer
 from mycelia.proto import AdmittedEvent, Clock
 from mycelia.storage import MemoryStorage
@@ -199,6 +200,48 @@ async def test_a_commit_planned_on_a_stale_head_is_joined_with_the_one_it_missed
 async def _joined(node: Node, entity: EntityId) -> bool:
     view = await node.context().get(Card, entity)
     return (view.n, view.title, len(view.head)) == (1, "from b", 2)
+
+
+async def test_another_nodes_commits_arrive_as_its_own_change_sets_in_feed_order_in_one_batch(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    schema = pg_schemas.new_schema()
+    a = await Node.open(await PostgresStorage(pg_schemas.dsn, schema=schema).open(), durable=True)
+    await a.create_system()
+    store = await PostgresStorage(pg_schemas.dsn, schema=schema, listen=False).open()
+    try:
+        x, y = await create(a, "x"), await create(a, "y")
+        residents, locks = Residents(), dict[EntityId, asyncio.Lock]()
+        heard: list[list[EntityChange]] = []
+        follower = FeedFollower(
+            store, residents=residents, lock=lambda e: locks.setdefault(e, asyncio.Lock()),
+            notify=heard.append,
+        )  # fmt: skip
+        held = residents.put(Entity.from_state((await store.get_states([x]))[x])).snapshot()
+        follower.reported([EntityChange(held, held, (), frozenset())])  # x is shown; y is not
+        follower.offset = await store.last_offset()
+        local: list[EntityChange] = []
+        remove = a.on_change(local.extend)
+        for entity, n in ((x, 1), (y, 2), (x, 3)):
+            await set_n(a, entity, n)
+        remove()
+        changes = await follower.step()  # all three rows, read and reported at once
+        assert heard == [changes]
+        assert [c.after.entity_id for c in changes] == [y, x], "each by its last row, in order"
+        got_y, got_x = changes
+        made_x = [c for c in local if c.after.entity_id == x]
+        made_y = [c for c in local if c.after.entity_id == y]
+        assert (got_x.before, got_x.after) == (made_x[0].before, made_x[-1].after)
+        assert [e.id for e in got_x.events] == [e.id for c in made_x for e in c.events]
+        assert got_x.changed == {"n"}
+        resident = residents.get(x)
+        assert resident is not None
+        assert resident.snapshot() == made_x[-1].after, "the resident was refreshed"
+        assert got_y.before.head == Clock(), "y was not shown here: reported from nothing"
+        assert got_y.after == made_y[-1].after
+    finally:
+        await store.close()
+        await a.close()
 
 
 async def test_a_node_on_a_store_only_it_writes_follows_no_feed() -> None:
