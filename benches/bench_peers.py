@@ -60,6 +60,7 @@ import tempfile
 import time
 import traceback
 import urllib.request
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -929,12 +930,17 @@ def peer_figures(
         command.append("--no-warmup")
     print("peer:", " ".join(command), flush=True)
     t0 = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=7200, check=False)
-    for line in done.stdout.splitlines():  # its progress lines, not its own table
-        if line.startswith(("==", "  W", "  [")):
-            print("  peer" + line if line.startswith("  ") else "peer " + line, flush=True)
-    if done.returncode:
-        raise RuntimeError(f"the peer script failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    tail: deque[str] = deque(maxlen=40)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # its progress as it goes, not its own table
+            tail.append(line)
+            if line.startswith(("==", "  W", "  [")):
+                print(("  peer" if line.startswith("  ") else "peer ") + line.rstrip(), flush=True)
+    if proc.returncode:
+        raise RuntimeError(f"the peer script failed:\n{''.join(tail)}")
     print(f"peer done in {time.perf_counter() - t0:.0f} s", flush=True)
     figures: dict[str, dict[str, float]] = {}
     for m in json.loads(out.read_text())["metrics"]:
