@@ -6,7 +6,9 @@ the measure, since absolute figures move from machine to machine. The generators
 imported from the peer script itself (standard library only), and the definitions are
 followed literally: the same seeds and sizes, one edit per transaction, the same harness
 shape (server in its own process, A and B in one process for W1 and W5, W3's clients in
-two client processes), one warm-up run then ``--runs`` measured runs, medians.
+two client processes), one warm-up run then ``--runs`` measured runs, medians. Each
+workload runs on the peer and then at once on Mycelia, so that both sides of a ratio
+meet the same load on a shared machine.
 
 Mycelia's server is a real ``mycelia serve`` process on LMDB (fsync on every commit
 group; open auth, no tokens: the peer has no authentication either; every event is still
@@ -36,11 +38,14 @@ each clock starts (the peer's Map needs no creation).
   replays it **one op per transaction** (``wait="local"``, delete then insert) on a Text
   field, yielding after each op; B's live query until its text equals the trace's end.
 
-A workload that raises is reported as failed with its reason; the others still run.
+W5 also times 100 ops per transaction (Mycelia only: the peer has no such case). A
+workload that raises is reported as failed with its reason; the others still run.
 
 Run: ``python -m benches.bench_peers --peer-python PEER_VENV/bin/python``
 (``--only W1,W4``, ``--runs N``, ``--no-warmup``, ``--json FILE``; ``--baseline-src DIR``
 also times W4 sequential on another checkout's ``src``, for "no slower than today").
+With ``--runs 1`` (and the warm-up) both sides took 31 minutes on a loaded 2-core machine,
+W3 most of it (the peer's W3 alone took 43 s a run on a quiet one, 500 s on that one).
 """
 
 from __future__ import annotations
@@ -555,6 +560,7 @@ async def w3(peer: ModuleType, sizes: Sizes, workdir: Path) -> dict[str, list[fl
             "rss_peak": rss_peak,
             "sent": wire1["frames_in"] - wire0["frames_in"],
             "received": wire1["frames_out"] - wire0["frames_out"],
+            "client_rss": sum(x["rss_kib"] for x in done) / 1024,
             "errors": float(errors),
         }
 
@@ -651,6 +657,7 @@ async def w3_worker(url: str, spec: dict[str, Any], first: int, count: int, edit
                 "t": last[0],
                 "cpu_s": last[1] - cpu0,
                 "digest": digests.pop() if len(digests) == 1 else f"{len(digests)} documents",
+                "rss_kib": peer.rss_kib(os.getpid())["VmRSS"],
             },
         )
         await stdin.readline()  # QUIT
@@ -887,6 +894,7 @@ ROWS = (
     Row("W3", "messages sent by all clients", "msgs", "messages sent by all", "sent", "lower"),
     Row("W3", "messages received by all clients", "msgs", "messages received by all",
         "received", "lower"),
+    Row("W3", "client processes' RSS (all clients)", "MiB", "client process RSS", "client_rss"),
     Row("W3", "commits that failed", "commits", "", "errors"),
     Row("W4", "1,000 sequential edits, each awaited until durable", "edits/s",
         "sequential edits", "seq", "higher"),
@@ -921,7 +929,7 @@ def peer_figures(
     python: str, wanted: Sequence[str], sizes: Sizes, workdir: Path
 ) -> dict[str, dict[str, float]]:
     """The peer's medians (by workload, then metric name) from its own script, run now."""
-    out = workdir / "peer.json"
+    out = workdir / f"peer-{'-'.join(wanted)}.json"
     command = [python, str(PEER_SCRIPT), "--only", ",".join(wanted), "--runs", str(sizes.runs)]
     command += ["--w3-clients", str(sizes.w3_clients), "--w3-edits", str(sizes.w3_edits)]
     command += ["--w3-procs", str(sizes.w3_procs), "--w5-trace-ops", str(sizes.w5_trace_ops)]
@@ -1061,8 +1069,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ours: dict[str, Outcome] = {}
     with tempfile.TemporaryDirectory(prefix="mycelia-peers-") as tmp:
         workdir = Path(tmp)
-        theirs = peer_figures(args.peer_python, wanted, sizes, workdir) if args.peer_python else {}
-        for name in wanted:
+        theirs: dict[str, dict[str, float]] = {}
+        for name in wanted:  # the peer, then Mycelia, workload by workload: load moves
+            if args.peer_python:
+                theirs.update(peer_figures(args.peer_python, [name], sizes, workdir))
             t0 = time.perf_counter()
             outcome = Outcome()
             try:
