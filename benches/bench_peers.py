@@ -44,8 +44,8 @@ workload that raises is reported as failed with its reason; the others still run
 Run: ``python -m benches.bench_peers --peer-python PEER_VENV/bin/python``
 (``--only W1,W4``, ``--runs N``, ``--no-warmup``, ``--json FILE``; ``--baseline-src DIR``
 also times W4 sequential on another checkout's ``src``, for "no slower than today").
-With ``--runs 1`` (and the warm-up) both sides took 31 minutes on a loaded 2-core machine,
-W3 most of it (the peer's W3 alone took 43 s a run on a quiet one, 500 s on that one).
+With ``--runs 1`` (and the warm-up) both sides took 26-31 minutes on a loaded 2-core
+machine, W3 most of it (the peer's W3 takes 43 s a run on a quiet one, 300-500 s there).
 """
 
 from __future__ import annotations
