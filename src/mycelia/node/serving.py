@@ -339,17 +339,20 @@ class Responder:
     # -- pushing updates ---------------------------------------------------------------------
 
     def on_change(self, changes: list[EntityChange]) -> None:
-        """Queue ``changes`` for every subscribed peer (a change listener of the node)."""
+        """Queue ``changes`` for every subscribed peer (a change listener of the node),
+        noting which of them are that peer's own commit (its feed consumes the note)."""
         size = _changes_size(changes)
-        for peer, authored in self._authored.items():
-            if peer in self._queues:
+        for peer, feed in self._queues.items():
+            if not self._subscriptions.get(peer):
+                continue
+            authored = self._authored.get(peer)
+            if authored:
                 self._echoes.setdefault(peer, set()).update(
                     (c.after.entity_id, c.after.head)
                     for c in changes
                     if c.events and all(e.id in authored for e in c.events)
                 )
-        for peer, feed in self._queues.items():
-            if self._subscriptions.get(peer) and not feed.offer(changes, size):
+            if not feed.offer(changes, size):
                 peer.cut_off(f"its subscriptions fell more than {FEED_BYTES} bytes behind")
 
     def _ensure_worker(self, peer: Peer) -> None:
