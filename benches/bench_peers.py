@@ -1043,9 +1043,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up run")
     parser.add_argument("--peer-python", help="the peer venv's python (skip the peer if unset)")
     parser.add_argument("--baseline-src", type=Path, help="another checkout's src/ to compare")
-    parser.add_argument("--w3-clients", type=int, default=200)
-    parser.add_argument("--w3-edits", type=int, default=10, help="edits per W3 client")
-    parser.add_argument("--w3-procs", type=int, default=2, help="W3 client processes")
+    parser.add_argument(
+        "--w3-clients", type=int, default=200, help="W3 clients (default 200, the peer's)"
+    )
+    parser.add_argument("--w3-edits", type=int, default=10, help="edits per W3 client (default 10)")
+    parser.add_argument(
+        "--w3-procs", type=int, default=2, help="processes the W3 clients run in (default 2)"
+    )
     parser.add_argument(
         "--w5-trace-ops", type=int, default=5000, help="first N trace ops (0: all 259,778)"
     )
