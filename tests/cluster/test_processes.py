@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from mycelia import EntityId, Node, Transaction
+from mycelia.entity import Entity
 from mycelia.node.live import LiveQuery
 from mycelia.proto import Clock
 from mycelia.storage.postgres import PostgresStorage
@@ -201,6 +202,13 @@ async def _each_commit_stored_once(
             events = await storage.events_of(entity)
             assert len({e.id for e in events}) == len(events)
             assert len(events) == 1 + len(confirmed[f"card{k}"]), "a commit lost or doubled"
+            tips = {e.id for e in events} - {p for e in events for p in e.event.parent}
+            state = await storage.get_state(entity)
+            assert state is not None
+            assert set(state.state.head) == tips, "the stored head is not the events' tips"
+            body = str(Entity.from_state(state).values()["body"])
+            lacking = {t for t in confirmed[f"card{k}"] if t not in body}
+            assert not lacking, f"the stored state lacks {len(lacking)} confirmed inserts"
     finally:
         await storage.close()
 

@@ -102,8 +102,12 @@ class Applier:
         pending: PendingPool | None = None,
         budget: int = DEFAULT_BUDGET,
         max_entity_bytes: int = DEFAULT_LIMITS.max_entity_bytes,
+        sole_writer: bool = True,
     ) -> None:
         self._store = store
+        self._sole_writer = sole_writer
+        """Whether only this applier writes ``store`` (False: other processes share it, so a
+        resident may lag the store and an event may build on history it does not show)."""
         self._max_entity_bytes = max_entity_bytes
         """An entity may not grow past this (its snapshot must fit one frame)."""
         self._residents = residents
@@ -344,14 +348,16 @@ class Applier:
             parents = {p for e in staged for p in e.parent}
             entity.history_closed = True
             return staged, {e.id: e.generation for e in staged if e.id not in parents}
-        if self._durable and await self._history_closed(entity):
+        if self._sole_writer and self._durable and await self._history_closed(entity):
             # Where storage is definitive and every tip of the head is a stored event, an
             # event not stored yet descends from nothing stored and is an ancestor of no
             # tip (a tip's ancestors are stored: admission keeps history closed), and a tip
             # it descends from can only be one it names as a parent (else that parent would
             # be a stored descendant of a tip). So every staged event is new to the head,
             # and the head advances past them: no walk, O(their parents) — a wide head of
-            # concurrent writers costs nothing per event (ARCHITECTURE.md §4).
+            # concurrent writers costs nothing per event (ARCHITECTURE.md §4). Not where
+            # other processes write the store: a parent may be their event, stored but
+            # not in this resident yet, whose effect only the walk brings in.
             return staged, None
         # A subject-side walk: the events the head lacks, without walking the head's own
         # branches (admission already keeps foreign lineage out: parents are this entity's).

@@ -130,6 +130,7 @@ class Node:
             on_change=self._notify,
             pending=PendingPool(),
             max_entity_bytes=limits.max_entity_bytes,
+            sole_writer=not follows(storage),
         )
         self._reactor = Reactor()
         self._responder = Responder(
