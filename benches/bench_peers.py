@@ -732,9 +732,18 @@ async def w4(peer: ModuleType, sizes: Sizes, workdir: Path) -> dict[str, list[fl
 SEQUENTIAL_ONLY = """
 import asyncio, sys, time
 sys.path.insert(0, sys.argv[1])
-from benches.bench_peers import peer_module, serve, client, Fields, EDITS, ENTITIES, FIELDS
+from benches.bench_peers import peer_module, serve, Fields, EDITS, ENTITIES, FIELDS
 from benches.bench_peers import free_port, parse_key
 from pathlib import Path
+import mycelia
+from mycelia import Node
+from mycelia.storage import MemoryStorage
+
+async def client(url):  # only what the older API has too
+    node = await Node.open(MemoryStorage(), durable=False)
+    await mycelia.connect(node, url, max_backoff=0.2)
+    await node.wait_ready(timeout=30)
+    return node
 
 async def main():
     peer = peer_module()
