@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from mycelia.cli.main import build_parser
+from mycelia.errors import CODES
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = ROOT / "docs" / "clients.md"
@@ -141,3 +142,10 @@ def test_architecture_names_only_commands_the_command_line_has() -> None:
     text = (ROOT / "ARCHITECTURE.md").read_text() + (ROOT / "README.md").read_text()
     named = set(re.findall(r"`mycelia (\w+)", text))
     assert named <= commands, named - commands
+
+
+def test_the_protocol_reference_lists_every_error_code() -> None:
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    listed = {(int(code), name) for code, name in re.findall(r"\| (\d+) \| (\w+)", text)}
+    missing = {(code, cls.__name__) for cls, code in CODES.items()} - listed
+    assert not missing, f"docs/protocol.md lacks these error codes: {sorted(missing)}"
