@@ -14,6 +14,7 @@ import mycelia
 from mycelia import Model, Node
 from mycelia.cli.main import build_parser
 from mycelia.storage import MemoryStorage
+from tests.hostile.serving import start
 
 CLIENT = """
 import asyncio, sys
@@ -45,23 +46,8 @@ class Album(Model, collection="albums"):
 
 
 async def start_server(data: Path) -> tuple[asyncio.subprocess.Process, str]:
-    with (data.parent / "server.log").open("ab") as log:  # the child keeps its own copy
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "mycelia.cli",
-            "serve",
-            "--data",
-            str(data),
-            "--port",
-            "0",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=log,
-        )
-    assert process.stdout is not None
-    line = await asyncio.wait_for(process.stdout.readline(), 30)
-    assert line.startswith(b"listening on "), line
-    return process, line.decode().split()[-1]
+    served = await start(data)  # logs to data's sibling .log; the child keeps its own copy
+    return served.process, served.url
 
 
 async def test_clients_in_other_processes_sync_through_a_served_lmdb_node(tmp_path: Path) -> None:
