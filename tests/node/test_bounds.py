@@ -227,9 +227,14 @@ async def test_half_sent_frames_are_bounded_together_and_cut_off_in_time(node: N
     header = b"\x82\xff" + (2 * MIB).to_bytes(8, "big") + b"\0\0\0\0"  # masked, key 0
     for peer in peers:
         peer.ws.transport.write(header + bytes(MIB))  # half of a 2 MiB frame
-    await asyncio.sleep(0.3)
-    # The rest wait in their sockets (each may hold one read, 256 KiB, past the budget).
-    assert server.partial.total <= 4 * MIB + 10 * 256 * KIB
+    # The rest wait in their sockets (each may hold one read, 256 KiB, past the budget):
+    # the bound holds at every moment until they are cut off, not at one chosen instant.
+    most = 0
+    async with asyncio.timeout(10):
+        while most == 0 or server.partial.total:  # sampled: the server has no event for it
+            most = max(most, server.partial.total)
+            await asyncio.sleep(0.005)
+    assert 0 < most <= 4 * MIB + 10 * 256 * KIB
     for peer in peers:
         code, reason = await peer.closed(timeout=10)
         assert code in (1008, None), reason

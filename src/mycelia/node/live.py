@@ -34,7 +34,7 @@ from typing import Any, Generic, TypeVar
 from mycelia.entity import EntityChange, Snapshot
 from mycelia.entity.model import Model
 from mycelia.entity.querycheck import check_query
-from mycelia.errors import InvalidArgument, UsageError
+from mycelia.errors import InvalidArgument, MyceliaError, UsageError
 from mycelia.node.changes import ChangeQueue, ChangeSet
 from mycelia.node.policy import Credentials, PolicyAgent
 from mycelia.node.ports import Follow, Standing, Watch
@@ -110,6 +110,8 @@ class LiveQuery(Generic[M]):
         self._refreshing = 0
         self._settled = asyncio.Event()
         self._settled.set()
+        self._error: MyceliaError | None = None
+        """Why the durable peer ended the subscription (raised once the iteration ends)."""
 
     @property
     def items(self) -> list[M]:
@@ -163,12 +165,14 @@ class LiveQuery(Generic[M]):
         self.end()
         await self._parts.follow.unfollow(self)
 
-    def end(self) -> None:
-        """Stop following changes here at once (the node is closing): the iteration ends
-        after the change sets already queued."""
+    def end(self, error: MyceliaError | None = None) -> None:
+        """Stop following changes here at once (the node is closing, or the durable peer
+        ended the subscription: ``error`` says why): the iteration ends after the change
+        sets already queued, raising ``error`` if one is given."""
         if not self._open:
             return
         self._open = False
+        self._error = error
         self._parts.opened.pop(self, None)
         for entity_id in self._members:
             self._parts.watch.untrack(entity_id, self)
@@ -198,6 +202,8 @@ class LiveQuery(Generic[M]):
     async def _iterate(self) -> AsyncIterator[ChangeSet[M]]:
         while (changes := await self._changes.get()) is not None:
             yield changes
+        if self._error is not None:
+            raise self._error
 
     # -- maintenance ---------------------------------------------------------------------
 
