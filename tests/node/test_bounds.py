@@ -59,6 +59,21 @@ async def test_a_pool_hands_out_bytes_in_turn_and_lets_one_oversized_taker_throu
     assert pool.try_take(500)  # larger than the whole pool, but nothing else is held
 
 
+async def test_a_taker_cancelled_as_the_pool_passes_it_over_leaves_cleanly() -> None:
+    # Seen under W3 load: a cancelled waiter was dropped from the queue by a give() that
+    # ran before the waiter's own clean-up, which then raised ValueError.
+    pool = Pool(100)
+    assert pool.try_take(100)
+    waiter = asyncio.ensure_future(pool.take(50))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    pool.give(100)  # passes the cancelled turn over before the waiter wakes
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert pool.used == 0
+    assert pool.try_take(100)
+
+
 async def test_an_outgoing_queue_counts_bytes_until_written() -> None:
     out = Outgoing(100, Pool(1000), max_frames=10)
     assert out.offer(b"x" * 60)
@@ -74,6 +89,29 @@ async def test_an_outgoing_queue_counts_bytes_until_written() -> None:
     out.close(drop=True)
     assert out.queued_bytes == 0
     assert await out.get() is None
+
+
+async def test_room_reserved_for_answers_does_not_make_a_push_overflow() -> None:
+    # The W3 cascade: a client's answers, each holding its page's room while it waits on
+    # storage, filled the budget, and the next pushed update cut off a client that had
+    # been sent nothing it could be slow to read.
+    out = Outgoing(100, Pool(1000))
+    await out.reserve(60)
+    await out.reserve(40)  # the whole budget reserved, nothing queued
+    waiting = asyncio.ensure_future(out.put(50, lambda: b"a" * 50))  # an answer in line
+    await asyncio.sleep(0)
+    assert out.offer(b"x" * 70)  # a push still fits among the frames
+    assert out.offer(b"y" * 30)
+    assert not out.offer(b"z")  # frames over the budget: a slow consumer after all
+    assert out.queued_bytes == 200  # at most twice the budget: frames and reservations
+    out.unreserve(100)
+    for _ in range(2):
+        item = await out.get()
+        assert item is not None
+        out.written(item)
+    await waiting  # the answer waited behind the pushes, then got its room
+    assert out.queued_bytes == 50
+    assert out.offer(b"w" * 50)
 
 
 async def test_waiting_for_the_node_s_pool_alone_does_not_make_a_peer_stuck() -> None:

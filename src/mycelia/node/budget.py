@@ -3,9 +3,13 @@
 Every bound a peer can push on is counted in bytes, has a documented default here
 (:class:`Bounds`) and a typed refusal (:class:`~mycelia.errors.Overloaded`):
 
-- **outgoing** (per connection): frames queued for the peer and not yet written. A pushed
-  update that does not fit cuts a slow consumer off at once; an answer waits for room, up
-  to :attr:`Bounds.stall_timeout`, then cuts it off.
+- **outgoing** (per connection): frames queued for the peer and not yet written, and the
+  room answers being built reserved. An answer waits for room, up to
+  :attr:`Bounds.stall_timeout`, then cuts the peer off. A pushed update that does not fit
+  among the *frames* cuts a slow consumer off at once; room reserved for answers still
+  being built (waiting on storage, say) does not count against it, since the peer has
+  not been sent those yet and cannot be slow to read them. So a connection holds at most
+  twice its budget: its queued frames, and what its answers reserved.
 - **incoming** (per connection): bytes of requests read from the peer and not answered
   yet. The reader stops reading while they are over the budget (and while
   :attr:`Bounds.requests_in_flight` requests are), so the peer's own socket fills up.
@@ -23,6 +27,7 @@ written or the connection closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,7 +104,8 @@ class Pool:
             if turn.done() and not turn.cancelled():
                 self.give(size)  # granted just as we were cancelled: hand it on
             else:
-                self._waiting.remove(entry)
+                with contextlib.suppress(ValueError):  # (already passed over by _grant)
+                    self._waiting.remove(entry)
                 self._grant()
             raise
 
@@ -136,6 +142,8 @@ class Outgoing:
         self._arrived = asyncio.Event()
         self._closed = False
         self._writing = 0
+        self._framed = 0
+        """Bytes of frames queued or being written (without the room reserved ahead)."""
         self.written_frames = 0
         """Frames written so far (a waiting sender's measure of progress)."""
 
@@ -159,10 +167,13 @@ class Outgoing:
         cuts the peer off). A closed queue drops it (True: nothing to do)."""
         if self._closed:
             return True
-        if len(self._frames) >= self._max_frames or not self._own.try_take(len(frame)):
+        size = len(frame)
+        if len(self._frames) >= self._max_frames or (
+            self._framed and self._framed + size > self._own.limit
+        ):
             return False
-        self._frames.append((frame, len(frame), 0))
-        self._arrived.set()
+        self._own.used += size  # counted, so answers wait behind it; see the module docstring
+        self._append((frame, size, 0))
         return True
 
     def force(self, frame: bytes) -> None:
@@ -171,8 +182,7 @@ class Outgoing:
         if self._closed:
             return
         self._own.used += len(frame)
-        self._frames.append((frame, len(frame), 0))
-        self._arrived.set()
+        self._append((frame, len(frame), 0))
 
     async def reserve(self, size: int) -> None:
         """Take ``size`` bytes of this connection's budget and of the node's pool ahead of
@@ -216,7 +226,11 @@ class Outgoing:
         extra = max(0, len(frame) - size)  # an estimate that fell short: count it all
         self._own.used += extra
         self._pool.used += extra
-        self._frames.append((frame, size + extra, size + extra))
+        self._append((frame, size + extra, size + extra))
+
+    def _append(self, item: tuple[bytes, int, int]) -> None:
+        self._frames.append(item)
+        self._framed += item[1]
         self._arrived.set()
 
     async def get(self) -> tuple[bytes, int, int] | None:
@@ -238,6 +252,7 @@ class Outgoing:
 
     def _release(self, item: tuple[bytes, int, int]) -> None:
         _frame, own, pooled = item
+        self._framed -= own
         self._own.give(own)
         if pooled:
             self._pool.give(pooled)
