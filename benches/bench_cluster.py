@@ -40,7 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +281,19 @@ def emit(kind: str, payload: dict[str, Any]) -> None:
     print(kind, json.dumps(payload), flush=True)
 
 
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+async def progress(first: int, where: Callable[[], str], every: float = 15.0) -> None:
+    """Tell stderr where a worker stands every ``every`` seconds (a long run shows its
+    progress; cancel to stop)."""
+    started = time.monotonic()
+    while True:
+        await asyncio.sleep(every)
+        say(f"  W3 worker {first}: {where()} at {time.monotonic() - started:.0f} s")
+
+
 async def connect_clients(job: dict[str, Any]) -> list[Node]:
     """The job's clients, client *c* preferring server *c* mod (servers), in waves of 50."""
     urls: list[str] = job["urls"]
@@ -378,13 +391,40 @@ async def w3_worker(job: dict[str, Any], stdin: asyncio.StreamReader) -> None:
 
     await stdin.readline()  # GO
     cpu0 = cpu_seconds()
+    confirmed = [0]
+
+    async def confirm(trx: mycelia.Transaction) -> None:
+        await trx.confirmed()
+        confirmed[0] += 1
+
+    total = len(clients) * job["edits"]
+    report = asyncio.ensure_future(
+        progress(job["first"], lambda: f"{confirmed[0]}/{total} commits confirmed")
+    )
     done = await asyncio.gather(*(edit(k, n) for k, n in enumerate(clients)))
-    await asyncio.gather(*(trx.confirmed() for pending in done for trx in pending))
+    await asyncio.gather(*(confirm(trx) for pending in done for trx in pending))
+    report.cancel()
     emit("CONFIRMED", {"t": time.monotonic()})
     target = json.loads((await stdin.readline()).decode().partition(" ")[2])
+
+    def identical() -> str:
+        apart = [k for k, (c, d) in enumerate(views) if heads(c, d) != target]
+        line = f"{len(views) - len(apart)}/{len(views)} clients identical"
+        if apart:  # what the first one that is not shows (a stuck run says why)
+            held = heads(*views[apart[0]])
+            wrong = [e for e in target if held.get(e) != target[e]]
+            ready = clients[apart[0]]._link.ready
+            line += f"; client {apart[0]} (ready={ready}) differs on {len(wrong)} entities"
+            line += f" ({', '.join(w[:8] for w in wrong[:3])}; doc={job['doc'][:8]})"
+            line += f": holds {held.get(wrong[0])}, wanted {target[wrong[0]]}"
+            line += f", pending {len(clients[apart[0]]._applier._pending)}"
+        return line
+
+    report = asyncio.ensure_future(progress(job["first"], identical))
     while not all(heads(c, d) == target for c, d in views):
         await asyncio.wait_for(changed.wait(), 300)
         changed.clear()
+    report.cancel()
     digests = {digest(c, d) for c, d in views}
     emit("DONE", {
         "t": max(last), "cpu_s": cpu_seconds() - cpu0,
@@ -420,12 +460,14 @@ async def w3_once(
                 }  # fmt: skip
                 workers.append(await Worker.start(job))
             connected = await asyncio.gather(*(w.expect("CONNECTED") for w in workers))
+            say(f"W3 on {_servers(servers)}: {clients} clients connected and synced")
             middle = [rss(p)["VmRSS"] for p in pids]
             meter = Meter(pids)
             t0 = time.monotonic()
             for w in workers:
                 w.send("GO")
             await asyncio.gather(*(w.expect("CONFIRMED", deadline) for w in workers))
+            say(f"W3: every commit confirmed {time.monotonic() - t0:.1f} s after the first edit")
             probe = await cluster.client(servers - 1)
             cells_live = await probe.context().query(Cell, "").__aenter__()
             doc_live = await probe.context().query(Doc, "").__aenter__()
@@ -584,7 +626,7 @@ async def run(args: argparse.Namespace, dsn: str, tmp: Path) -> list[Table]:
         runs = [await latency_once(dsn, tmp / f"lat{i}", edits) for i in range(args.runs)]
         tables.append(latency_table(runs, edits))
     if "w3" in args.only:
-        clients, edits = (40, 4) if quick else (200, 10)
+        clients, edits = (40, 4) if quick else args.w3_size
         w3: dict[int, list[dict[str, float]]] = {}
         for servers in args.w3_servers:
             w3[servers] = []
@@ -623,6 +665,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--w3-deadline", type=float, default=900.0, help="seconds a W3 run may take to converge"
     )
+    parser.add_argument(
+        "--w3-size", default=(200, 10), type=lambda s: tuple(int(n) for n in s.split("x")),
+        help="W3 clients x edits each (default 200x10, the workload's definition)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(list(argv) if argv is not None else sys.argv[1:])

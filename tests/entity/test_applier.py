@@ -58,12 +58,15 @@ async def _applier(
     durable: bool = False,
     heard: list[EntityChange] | None = None,
     remote: Sequence[AdmittedEvent] | None = None,
+    asked: list[EventId] | None = None,
 ) -> tuple[Applier, MemoryStorage]:
     """An applier of ``server``'s system on a fresh store (``remote``: the history a peer
-    would answer with; None: no peer)."""
+    would answer with, ``asked`` collects what it was asked for; None: no peer)."""
     store = MemoryStorage()
 
     async def ask(ids: Sequence[EventId], ahead: int) -> list[AdmittedEvent]:
+        if asked is not None:
+            asked.extend(ids)
         return [e for e in remote or () if e.id in ids]
 
     root = server.system_root
@@ -253,6 +256,25 @@ async def test_history_below_a_head_whose_link_is_out_of_reach_is_not_placed_as_
     entity = await applier.load(note)
     assert entity is not None
     assert entity.head == Clock([mine.id])
+
+
+async def test_a_walk_that_needs_the_peer_s_history_still_asks_for_it() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    await _edit(a, note, title="a")
+    await _edit(a, note, title="x")
+    history = await a.storage.events_of(note)  # G, A, X
+    asked: list[EventId] = []
+    applier, _ = await _applier(a, remote=history, asked=asked)
+    _, held, base = await _holding(applier, a, note)  # head [X], none of its history
+    mine = _update(note, held.head, rank=1)
+    await applier.commit_local([mine], bases={note: base})  # K on X
+    result = await applier.ingest([history[0].event, history[1].event])  # G, A: below X
+    assert (result.errors, result.held) == ({}, [])  # only X's parents say they are below
+    assert asked  # the verdict needed the peer: it was asked
+    entity = await applier.load(note)
+    assert entity is not None
+    assert entity.head == Clock([mine.id])  # A was already in, under X
 
 
 async def test_forgetting_an_entity_in_a_write_drops_it_whole() -> None:

@@ -80,6 +80,7 @@ from mycelia.retrieval import (
     StagingMap,
     StoredState,
     WriteBatch,
+    local_first,
 )
 
 __all__ = ["Applier", "EntityChange", "EventCheck", "ForkBase", "IngestResult"]
@@ -361,13 +362,12 @@ class Applier:
             return staged, None
         # A subject-side walk: the events the head lacks, without walking the head's own
         # branches (admission already keeps foreign lineage out: parents are this entity's).
-        outcome = await missing(
+        tips, head, hints = Clock(e.id for e in staged), entity.head, entity.head_generations
+        outcome = await local_first(
             getter,
-            Clock(e.id for e in staged),
-            entity.head,
-            budget=self._budget,
-            hints=entity.head_generations,
-            known=staged,
+            lambda events: missing(
+                events, tips, head, budget=self._budget, hints=hints, known=staged
+            ),
         )
         action = action_for(outcome.relation)
         if action is Action.NOTHING:

@@ -22,7 +22,7 @@ from mycelia.entity.verdicts import Action, action_for, rejection
 from mycelia.errors import EventNotFound
 from mycelia.event_dag import compare
 from mycelia.proto import EntityState, EventId
-from mycelia.retrieval import EventSource, LocalGetter
+from mycelia.retrieval import EventSource, LocalGetter, local_first
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,11 @@ async def merged_head(
     """
     hints = {**entity.head_generations, **incoming.state.head_generations()}
     try:
-        outcome = await compare(
-            getter, incoming.state.head, entity.head, budget=budget, hints=hints
+        outcome = await local_first(
+            getter,
+            lambda events: compare(
+                events, incoming.state.head, entity.head, budget=budget, hints=hints
+            ),
         )
     except EventNotFound:
         if fetching:

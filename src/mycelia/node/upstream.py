@@ -42,6 +42,7 @@ from mycelia.entity import Applier, Entity, EntityChange, IngestResult
 from mycelia.errors import (
     ConnectionClosed,
     DecodeError,
+    EventNotFound,
     LineageError,
     MyceliaError,
     NotConnected,
@@ -244,15 +245,23 @@ class Upstream:
         """Apply an update the durable peer pushed for one of our subscriptions (or take
         note that it ended one, see the module docstring).
 
-        If it cannot be applied (a storage write failed, say), the session is closed: the
-        next one re-subscribes with the heads really held here and catches up, where
-        carrying on would leave the peer believing this node holds what it does not.
+        If it cannot be applied, carrying on would leave the peer believing this node holds
+        what it does not, and nothing would ever correct it. Events whose parents the peer
+        did not send in time (:class:`~mycelia.errors.EventNotFound`: it is overloaded,
+        say) re-subscribe their query with the heads really held here, and the answer
+        brings what they lack; anything else (a storage write failed, say) closes the
+        session, and the next one re-subscribes every query.
         """
         if isinstance(update, SubscriptionEnded):
             self._ended(update)
             return
         try:
             await self.apply_deltas(update.deltas)
+        except EventNotFound as exc:
+            live, session = self._following.get(update.query_id), self._link.session
+            log.info("resubscribing query %s: %s", update.query_id, exc)
+            if live is not None and session is not None:
+                await self._subscribe(session, live)
         except MyceliaError as exc:
             log.warning("could not apply an update from the durable peer (%s): reconnecting", exc)
             session = self._link.session
@@ -357,8 +366,10 @@ class Upstream:
     async def apply_deltas(self, deltas: Iterable[Delta]) -> list[EntityChange]:
         """Apply deltas from the durable peer (states merged, events ingested, gaps filled).
 
-        Every delta that fits is applied; then raises the first refusal if some did not
-        (the caller decides: a pushed update reconnects, a read-through answers from here).
+        Every delta that fits is applied; then raises the first refusal if some did not,
+        or EventNotFound if events still lack parents the peer did not send (the caller
+        decides: a pushed update re-subscribes or reconnects, a read-through answers from
+        here).
         """
         deltas = tuple(deltas)
         changes: list[EntityChange] = []
@@ -388,7 +399,8 @@ class Upstream:
         return changes
 
     async def _fill_gaps(self, result: IngestResult) -> list[EntityChange]:
-        """Ask the peer for parents nobody here has, until the held events apply."""
+        """Ask the peer for parents nobody here has, until the held events apply; raises
+        EventNotFound (after applying what did) if some are still missing."""
         changes: list[EntityChange] = []
         missing: set[EventId] = set(result.missing)
         for _ in range(MAX_FETCH_ROUNDS):
@@ -405,6 +417,13 @@ class Upstream:
             changes.extend(more.changes)
             missing = (missing | more.missing) - {e.id for e in more.stored}
             missing -= {e.id for e in response.events}
+        if missing:
+            first = min(missing)
+            raise EventNotFound(
+                f"the durable peer did not send {len(missing)} events the update needs "
+                f"(such as {first})",
+                event_id=first,
+            )
         return changes
 
 

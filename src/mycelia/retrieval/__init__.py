@@ -6,7 +6,7 @@ reads through ``EventSource`` and cannot write; only the applier holds ``EntityS
 storage (and, on ephemeral nodes, a remote peer) are here.
 """
 
-from mycelia.retrieval.getters import CachedGetter, LocalGetter, RemoteEvents
+from mycelia.retrieval.getters import CachedGetter, LocalGetter, RemoteEvents, local_first
 from mycelia.retrieval.protocols import (
     EntityStore,
     EventSource,
@@ -28,4 +28,5 @@ __all__ = [
     "StoredState",
     "WriteBatch",
     "WriteResult",
+    "local_first",
 ]

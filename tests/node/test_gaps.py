@@ -1,0 +1,95 @@
+"""A pushed update whose missing parents the durable peer does not send is never left
+silently unapplied: the client re-subscribes the query and catches up (mycelia.node.upstream).
+
+Before, the held events waited for good, and the server, believing the client held the
+head it pushed, sent nothing more: the W3 run on PostgreSQL ended with a third of its
+clients showing other heads than the server, every commit confirmed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from mycelia import Model, Node
+from mycelia.entity import EntityChange
+from mycelia.node.inprocess import InProcessServer
+from mycelia.node.ports import Peer
+from mycelia.node.serving import Responder
+from mycelia.node.upstream import Upstream
+from mycelia.proto.messages import Message
+from mycelia.proto.peering import Delta, EventsResponse, GetEventsRequest
+from mycelia.storage import MemoryStorage
+from tests.node.waiting import until
+
+
+class Dial(Model, collection="dials"):
+    turn: int = 0
+
+
+@contextmanager
+def first_delta_lost() -> Iterator[None]:
+    """Within the block, the client loses the first delta its durable peer sends."""
+    original = Upstream.apply_deltas
+    lost: list[Delta] = []
+
+    async def lossy(self: Upstream, deltas: Iterable[Delta]) -> list[EntityChange]:
+        kept = list(deltas)
+        if not lost and kept:
+            lost.append(kept.pop(0))
+        return await original(self, kept)
+
+    Upstream.apply_deltas = lossy  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Upstream.apply_deltas = original  # type: ignore[method-assign]
+
+
+@contextmanager
+def events_never_sent() -> Iterator[list[GetEventsRequest]]:
+    """Within the block, the durable peer answers every GetEvents with no events (as an
+    overloaded one whose answers come too late would); yields the requests it got."""
+    original = Responder._get_events
+    asked: list[GetEventsRequest] = []
+
+    async def empty(self: Responder, peer: Peer, msg: GetEventsRequest) -> Message:
+        asked.append(msg)
+        return EventsResponse(msg.request_id, (), ())
+
+    Responder._get_events = empty  # type: ignore[method-assign]
+    try:
+        yield asked
+    finally:
+        Responder._get_events = original  # type: ignore[method-assign]
+
+
+async def test_an_update_the_peer_cannot_fill_resubscribes_and_catches_up() -> None:
+    server_node = await Node.open(MemoryStorage(), durable=True)
+    await server_node.create_system()
+    server = InProcessServer(server_node)
+    client = await Node.open(MemoryStorage(), durable=False)
+    server.connect(client)
+    await client.wait_ready(timeout=10)
+    async with server_node.context().transaction() as trx:
+        dial = trx.create(Dial).id
+    live = await client.context().query(Dial, "").__aenter__()
+    try:
+
+        async def shows(turn: int) -> bool:
+            return [d.turn for d in live.items] == [turn]
+
+        await until(client, lambda: shows(0))
+        with events_never_sent() as asked, first_delta_lost():
+            for turn in (1, 2):  # the client loses the first update; the second has a gap
+                async with server_node.context().transaction() as trx:
+                    (await trx.edit(Dial, dial)).turn = turn
+            await until(client, lambda: shows(2))  # re-subscribed: it holds the head
+        assert asked  # the gap was asked for, and the answer brought nothing
+        want = (await server_node.context().get(Dial, dial)).head
+        assert [d.head for d in live.items] == [want]
+    finally:
+        await live.close()
+        await client.close()
+        await server.close()
+        await server_node.close()
