@@ -38,8 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from mycelia.entity.admission import admit, admit_fresh
 from mycelia.entity.entity import Entity
@@ -56,6 +55,7 @@ from mycelia.entity.runs import (
     Overlay,
     Plan,
     Run,
+    Staging,
     differing,
     fetched,
 )
@@ -147,31 +147,27 @@ class Applier:
         """What a transaction forking ``entity`` now starts from (give it to commit_local)."""
         return ForkBase(entity.head_generations, self._epochs.get(entity.entity_id, 0))
 
-    @asynccontextmanager
-    async def staging(
+    def staging(
         self,
         entity_ids: Iterable[EntityId],
         result: IngestResult,
         *,
         meta: Meta = (),
         forget: tuple[EntityId, ...] = (),
-    ) -> AsyncIterator[Run]:
-        """A staging run over ``entity_ids``: locks taken in sorted order; plans added to
-        the run are written in one storage write on normal exit (with ``meta`` and
-        ``forget``, reported in ``result``); on any error every entity is evicted from
-        memory and nothing is written."""
-        ids = sorted(set(entity_ids))
-        async with AsyncExitStack() as stack:
-            for entity_id in ids:  # one global order: no deadlock between runs
-                await stack.enter_async_context(self.lock(entity_id))
-            run = Run(meta, forget)
-            try:
-                yield run
-                await self._write(run, result)
-            except BaseException:
-                for entity_id in ids:
-                    self._residents.evict(entity_id)
-                raise
+    ) -> Staging:
+        """A staging run over ``entity_ids`` (``async with``): locks taken in sorted order;
+        plans added to the run are written in one storage write on normal exit (with
+        ``meta`` and ``forget``, reported in ``result``); on any error every entity is
+        evicted from memory and nothing is written."""
+        ids = sorted(set(entity_ids))  # one global order: no deadlock between runs
+        return Staging(
+            Run(meta, forget),
+            ids,
+            result,
+            lock=self.lock,
+            write=self._write,
+            evict=self._residents.evict,
+        )
 
     async def _write(self, run: Run, result: IngestResult) -> None:
         plans = run.plans
