@@ -38,8 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from mycelia.entity.admission import admit, admit_fresh
 from mycelia.entity.entity import Entity
@@ -56,6 +55,7 @@ from mycelia.entity.runs import (
     Overlay,
     Plan,
     Run,
+    Staging,
     differing,
     fetched,
 )
@@ -148,60 +148,64 @@ class Applier:
         """What a transaction forking ``entity`` now starts from (give it to commit_local)."""
         return ForkBase(entity.head_generations, self._epochs.get(entity.entity_id, 0))
 
-    @asynccontextmanager
-    async def staging(
+    def staging(
         self,
         entity_ids: Iterable[EntityId],
         result: IngestResult,
         *,
         meta: Meta = (),
         forget: tuple[EntityId, ...] = (),
-    ) -> AsyncIterator[Run]:
-        """A staging run over ``entity_ids``: locks taken in sorted order; plans added to
-        the run are written in one storage write on normal exit (with ``meta`` and
-        ``forget``, reported in ``result``); on any error every entity is evicted from
-        memory and nothing is written."""
-        ids = sorted(set(entity_ids))
-        async with AsyncExitStack() as stack:
-            for entity_id in ids:  # one global order: no deadlock between runs
-                await stack.enter_async_context(self.lock(entity_id))
-            run = Run(meta, forget)
-            try:
-                yield run
-                await self._write(run, result)
-            except BaseException:
-                for entity_id in ids:
-                    self._residents.evict(entity_id)
-                raise
+    ) -> Staging:
+        """A staging run over ``entity_ids`` (``async with``): locks taken in sorted order;
+        plans added to the run are written in one storage write on normal exit (with
+        ``meta`` and ``forget``, reported in ``result``); on any error every entity is
+        evicted from memory and nothing is written."""
+        ids = sorted(set(entity_ids))  # one global order: no deadlock between runs
+        return Staging(
+            Run(meta, forget),
+            ids,
+            result,
+            lock=self.lock,
+            write=self._write,
+            evict=self._residents.evict,
+        )
 
     async def _write(self, run: Run, result: IngestResult) -> None:
         plans = run.plans
         if not (plans or run.meta or run.forget):
             return
-        events = tuple(e for plan in plans for e in plan.staged)
-        latest = {p.entity.entity_id: p.entity for p in plans if p.applied or p.snapshot}
+        # One pass over the plans (a local commit has one): this runs on every commit.
+        events: list[AdmittedEvent] = []
+        latest: dict[EntityId, Entity] = {}
+        grown: set[EntityId] = set()
+        for plan in plans:
+            events += plan.staged
+            entity = plan.entity
+            if plan.applied:
+                grown.add(entity.entity_id)
+                latest[entity.entity_id] = entity
+            elif plan.snapshot:
+                latest[entity.entity_id] = entity
         states = tuple(
             StoredState(entity.to_state(), entity.snapshot().values)
             for entity in latest.values()
             if entity.exists
         )
-        self._check_sizes(states, {p.entity.entity_id for p in plans if p.applied})
-        batch = WriteBatch(events=events, states=states, meta=run.meta, forget=run.forget)
-        await self._store.write(batch)
-        result.stored.extend(events)
+        self._check_sizes(states, grown)
+        stored = tuple(events)
+        await self._store.write(WriteBatch(stored, states, run.meta, run.forget))
+        result.stored += stored
         changes: list[EntityChange] = []
         for plan in plans:
             # A snapshot that only moves the head, or creates an entity with no values yet,
             # is still a change: live queries and subscribers must hear of it.
             after = plan.after or plan.entity.snapshot()
-            moved = plan.changed or plan.before.head != after.head
-            if plan.applied or (plan.snapshot and moved):
-                events_applied = tuple(plan.applied)
+            if plan.applied or (plan.snapshot and (plan.changed or plan.before.head != after.head)):
                 changes.append(
-                    EntityChange(plan.before, after, events_applied, frozenset(plan.changed))
+                    EntityChange(plan.before, after, tuple(plan.applied), frozenset(plan.changed))
                 )
-        result.changes.extend(changes)
         if changes:
+            result.changes += changes
             self._on_change(changes)
 
     def _check_sizes(self, states: tuple[StoredState, ...], grown: set[EntityId]) -> None:
@@ -420,7 +424,8 @@ class Applier:
         result = IngestResult()
         groups = _groups(events)
         async with self.staging(groups, result) as run:
-            known = await self._store.get_events([e.id for e in events])
+            work = []
+            unsure: list[EventId] = []
             for entity_id, group in groups.items():
                 base = bases.get(entity_id, NEW_ENTITY)
                 if self._epochs.get(entity_id, 0) != base.epoch:
@@ -428,21 +433,41 @@ class Applier:
                         f"entity {entity_id} was reverted to the durable peer's state while "
                         "this transaction was open: nothing was committed; redo the edit"
                     )
-                run.add(await self._plan_fresh(entity_id, group, base, known), check)
+                entity = await self.load(entity_id)
+                if entity is None:
+                    entity = Entity.empty(entity_id, group[0].collection)
+                if not await self._surely_new(entity, base):
+                    unsure += (e.id for e in group)
+                work.append((entity, group, base))
+            # An event already stored is a no-op (a retried commit): ask storage about the
+            # events that may be (on LMDB a lookup costs a round trip for the GIL).
+            known = await self._store.get_events(unsure) if unsure else {}
+            for entity, group, base in work:
+                run.add(self._plan_fresh(entity, group, base, known), check)
             if record is not None:
                 run.meta = (*run.meta, *record([e for p in run.plans for e in p.staged]))
         return result
 
-    async def _plan_fresh(
+    async def _surely_new(self, entity: Entity, base: ForkBase) -> bool:
+        """Whether no event made on ``base`` can be stored yet, without asking storage.
+
+        So where this applier is the store's only writer, on a durable node, every tip of
+        the entity's head is stored, and the head is still the fork's: every stored event
+        of the entity is then the head or an ancestor of it (§4, admission keeps history
+        closed and every event stored here was placed on the head), and an event made on
+        the head is a child of it.
+        """
+        if not (self._sole_writer and self._durable and entity.exists):
+            return False
+        return entity.head_map == base.head and await self._history_closed(entity)
+
+    def _plan_fresh(
         self,
-        entity_id: EntityId,
+        entity: Entity,
         group: list[Event],
         base: ForkBase,
         known: Mapping[EventId, AdmittedEvent],
     ) -> Plan | None:
-        entity = await self.load(entity_id)
-        if entity is None:
-            entity = Entity.empty(entity_id, group[0].collection)
         staged = admit_fresh(entity, group, known, parents=base.head, root=self._system_root())
         if not staged:
             return None

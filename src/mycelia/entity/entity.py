@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Final
 
 from mycelia.entity.backends import Backend, ClientIds, LwwBackend, OpaqueBackend, TextBackend
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId, State
+from mycelia.proto import AdmittedEvent, Clock, Deferred, EntityId, EntityState, EventId, State
 
 __all__ = ["DELETED", "KNOWN_BACKENDS", "Entity", "Snapshot"]
 
@@ -116,10 +116,9 @@ class Entity:
     def to_state(self) -> EntityState:
         """The entity as a state snapshot (canonical buffers; text's computed when first
         read, ARCHITECTURE.md §5)."""
-        buffers = tuple(
-            (name, b.deferred_state() if isinstance(b, TextBackend) else b.to_state())
-            for name, b in sorted(self._backends.items())
-        )
+        backends = self._backends
+        names = sorted(backends) if len(backends) > 1 else list(backends)
+        buffers = tuple((name, _buffer(backends[name])) for name in names)
         clock = self.head
         return EntityState(self.entity_id, self.collection, State(clock, self._gens, buffers))
 
@@ -188,8 +187,17 @@ class Entity:
         the tips they name as parents leave, the ones no other of them names join — what
         :func:`~mycelia.entity.verdicts.head_after` gives, in O(their parents)."""
         self._snapshot = None
-        named = {p for e in applied for p in e.parent}
         head = self._head
+        if len(applied) == 1 and len(head) == 1:  # a linear history: one tip replaces one
+            event = applied[0]
+            tip = event.id
+            if event.parent.ids == tuple(head) and tip not in head:
+                head.clear()
+                head[tip] = event.generation
+                self._clock = Clock._of_sorted((tip,))
+                self._gens = (event.generation,)
+                return
+        named = {p for e in applied for p in e.parent}
         gone = [p for p in named if p in head]
         joined = [(e.id, e.generation) for e in applied if e.id not in named and e.id not in head]
         for tip in gone:
@@ -281,6 +289,13 @@ class Entity:
             values = MappingProxyType(self.values())
             snapshot = self._snapshot = Snapshot(self.entity_id, self.collection, self.head, values)
         return snapshot
+
+
+def _buffer(backend: Backend) -> bytes | Deferred:
+    """A backend's state buffer (text's computed when first read, ARCHITECTURE.md §5)."""
+    if type(backend) is TextBackend:
+        return backend.deferred_state()
+    return backend.to_state()
 
 
 def _backend(name: str, text_ids: ClientIds | None, buffer: bytes | None = None) -> Backend:

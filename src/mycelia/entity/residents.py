@@ -60,7 +60,16 @@ class Residents:
     def put(self, entity: Entity) -> Entity:
         """Make ``entity`` the resident for its id (replacing any other; its size is
         estimated again, as it may have changed)."""
-        self._weak[entity.entity_id] = entity
+        entity_id = entity.entity_id
+        kept = self._recent.get(entity_id)
+        if kept is not None and kept[0] is entity:  # the resident itself, changed: resize it
+            size = resident_size(entity)
+            self._recent[entity_id] = (entity, size)
+            self._recent.move_to_end(entity_id)
+            self._bytes += size - kept[1]
+            self._shrink()
+            return entity
+        self._weak[entity_id] = entity
         self._keep_strongly(entity)
         return entity
 
@@ -81,6 +90,10 @@ class Residents:
         recent = self._recent
         recent[entity.entity_id] = (entity, size)
         self._bytes += size
+        self._shrink()
+
+    def _shrink(self) -> None:
+        recent = self._recent
         while len(recent) > 1 and (len(recent) > self._keep or self._bytes > self._keep_bytes):
             _, (_, dropped) = recent.popitem(last=False)
             self._bytes -= dropped

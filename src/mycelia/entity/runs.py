@@ -8,12 +8,16 @@ Invariants:
 - An :class:`EntityChange` is reported only for what the run made durable.
 - An :class:`Overlay` shows the events staged earlier in a run above storage, which does
   not hold them until the run's single write.
+- A :class:`Staging` holds its entities' locks from before its run is planned until after
+  it is written (and reported), and evicts every entity of a run that fails.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from types import TracebackType
 
 from mycelia.entity.entity import Entity, Snapshot
 from mycelia.errors import MyceliaError
@@ -30,6 +34,7 @@ __all__ = [
     "Overlay",
     "Plan",
     "Run",
+    "Staging",
     "differing",
     "fetched",
 ]
@@ -121,6 +126,75 @@ class Run:
             for applied in plan.applied:
                 check(plan.before, after, applied)
         self.plans.append(plan)
+
+
+class Staging:
+    """The context manager of :meth:`Applier.staging` (a plain class: a generator-based
+    one and an exit stack cost more than the rest of a one-entity commit's bookkeeping).
+
+    Entering takes the locks of ``ids`` in their order (sorted by the applier: no deadlock
+    between runs) and gives the run; a normal exit writes it, still holding the locks; an
+    error in the body or the write evicts every entity of ``ids``; the locks go last.
+    """
+
+    __slots__ = ("_evict", "_ids", "_lock", "_result", "_taken", "_write", "run")
+
+    def __init__(
+        self,
+        run: Run,
+        ids: list[EntityId],
+        result: IngestResult,
+        *,
+        lock: Callable[[EntityId], asyncio.Lock],
+        write: Callable[[Run, IngestResult], Awaitable[None]],
+        evict: Callable[[EntityId], None],
+    ) -> None:
+        self.run = run
+        self._ids = ids
+        self._result = result
+        self._lock = lock
+        self._write = write
+        self._evict = evict
+        self._taken: list[asyncio.Lock] = []
+
+    async def __aenter__(self) -> Run:
+        taken = self._taken
+        try:
+            for entity_id in self._ids:
+                lock = self._lock(entity_id)
+                await lock.acquire()
+                taken.append(lock)
+        except BaseException:
+            self._release()
+            raise
+        return self.run
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if exc_type is not None:
+                self._evict_all()
+                return
+            try:
+                await self._write(self.run, self._result)
+            except BaseException:
+                self._evict_all()
+                raise
+        finally:
+            self._release()
+
+    def _evict_all(self) -> None:
+        for entity_id in self._ids:
+            self._evict(entity_id)
+
+    def _release(self) -> None:
+        taken = self._taken
+        while taken:
+            taken.pop().release()
 
 
 class Overlay:

@@ -289,6 +289,9 @@ class Transaction:
             # The resident documents now hold every item the forks made (or none of them):
             # their client ids may serve the next forks.
             self._release_text_ids()
+            # Drafts point back here (their ``alive``): dropping them breaks the cycle, so
+            # the forks are freed at once instead of by the garbage collector.
+            self._drafts.clear()
         if self._commit is not None and self._wait == "peer":
             await self._commit.settled()
 

@@ -77,6 +77,7 @@ class OverBudget(Exception):
 
 
 @functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)  # every write asks again for the same few fields
 def field_prefix(collection: str, field: str) -> bytes:
     """The prefix of every ``by_field`` key of ``field`` in ``collection``."""
     prefix = encode_key(collection) + encode_key(field)

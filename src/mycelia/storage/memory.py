@@ -38,7 +38,7 @@ class MemoryStorage:
         self._by_collection: dict[str, dict[EntityId, StoredState]] = {}
         self._feed: list[FeedEntry] = []
         self._meta: dict[str, bytes] = {}
-        self._news = asyncio.Event()
+        self._news: asyncio.Event | None = None  # made by the first waiter, set by a write
         self._closed = False
 
     def _check_open(self) -> None:
@@ -97,33 +97,36 @@ class MemoryStorage:
                 raise StorageError("a write batch holds something that is not a state")
             # The durable engines must encode the values; refusing here too keeps a batch
             # that one engine accepts acceptable to every engine.
-            encode_values(stored.values)
+            _check_values(stored.values)
         for entity_id in batch.forget:
             self._forget(entity_id)
-        new = frozenset(e.id for e in batch.events if e.id not in self._events)
+        events, by_entity = self._events, self._by_entity
+        new = []
         for event in batch.events:
-            if event.id in new:
-                self._events[event.id] = event
-                self._by_entity.setdefault(event.entity_id, {})[event.id] = event
+            event_id = event.id
+            if event_id not in events:
+                events[event_id] = event
+                by_entity.setdefault(event.entity_id, {})[event_id] = event
+                new.append(event_id)
         offsets = []
+        feed = self._feed
         for stored in batch.states:
             state = stored.state
             self._states[state.entity_id] = stored
             self._by_collection.setdefault(state.collection, {})[state.entity_id] = stored
-            offset = len(self._feed) + 1
-            self._feed.append(
-                FeedEntry(offset, state.entity_id, state.collection, state.state.head)
-            )
+            offset = len(feed) + 1
+            feed.append(FeedEntry(offset, state.entity_id, state.collection, state.state.head))
             offsets.append(offset)
         for key, value in batch.meta:
             if value is None:
                 self._meta.pop(key, None)
             else:
                 self._meta[key] = value
-        if offsets:
-            self._news.set()
-            self._news = asyncio.Event()
-        return WriteResult(new, tuple(offsets))
+        news = self._news
+        if offsets and news is not None:
+            news.set()
+            self._news = None
+        return WriteResult(frozenset(new), tuple(offsets))
 
     def _forget(self, entity_id: EntityId) -> None:
         for event_id in self._by_entity.pop(entity_id, {}):
@@ -156,6 +159,8 @@ class MemoryStorage:
         if len(self._feed) > offset:
             return True
         news = self._news
+        if news is None:
+            news = self._news = asyncio.Event()
         try:
             async with asyncio.timeout(timeout):
                 await news.wait()
@@ -194,3 +199,30 @@ class MemoryStorage:
     async def close(self) -> None:
         """Drop everything."""
         self._closed = True
+
+
+_INT_RANGE = range(-(2**63), 2**64)
+"""The integers msgpack can encode."""
+
+
+def _check_values(values: Mapping[str, object]) -> None:
+    """Raise StorageError as :func:`encode_values` would, encoding only what needs it:
+    a plain scalar (an ASCII string, an integer in range, a float, bool, bytes, None)
+    under an ASCII name always encodes, and a commit's values are nearly always those."""
+    for name, value in values.items():
+        kind = type(value)
+        if (
+            type(name) is str
+            and name.isascii()
+            and (
+                value is None
+                or kind is bool
+                or kind is float
+                or kind is bytes
+                or (kind is int and value in _INT_RANGE)
+                or (kind is str and value.isascii())  # type: ignore[attr-defined]
+            )
+        ):
+            continue
+        encode_values(values)
+        return
