@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -239,6 +240,30 @@ async def test_another_nodes_commits_arrive_as_its_own_change_sets_in_feed_order
         assert resident.snapshot() == made_x[-1].after, "the resident was refreshed"
         assert got_y.before.head == Clock(), "y was not shown here: reported from nothing"
         assert got_y.after == made_y[-1].after
+        assert residents.get(y) is not None, "what was read became the resident"
+
+        local.clear()
+        remove = a.on_change(local.extend)
+        await set_n(a, y, 4)  # one event on the head just reported: no walk, no state read
+        remove()
+        reads: list[str] = []
+
+        def counted(name: str) -> Any:
+            read = getattr(store, name)
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                reads.append(name)
+                return read(*args, **kwargs)
+
+            return call
+
+        for name in ("get_events", "get_states"):
+            setattr(store, name, counted(name))
+        (step,) = await follower.step()
+        assert reads == ["get_events"], "one read: the row's head event"
+        (made,) = local
+        assert (step.before, step.after, step.changed) == (made.before, made.after, frozenset("n"))
+        assert [e.id for e in step.events] == [e.id for e in made.events], "sent as events"
     finally:
         await store.close()
         await a.close()

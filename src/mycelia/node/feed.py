@@ -22,8 +22,10 @@ commits only through its change feed. A node on such a store runs one
   (the entity is not resident, or was reloaded from storage since it was reported, or
   the walk failed), the stored state is read and the change starts from nothing — no
   head, no values, no events — so live queries re-evaluate the entity and a subscription
-  sends a bridge or a snapshot against what its peer holds (a resident is replaced by
-  the stored state; one that fails to decode is evicted);
+  sends a bridge or a snapshot against what its peer holds. The stored state becomes the
+  resident (the residents' LRU bounds what that holds), so the entity's next rows
+  refresh it by their events, and the subscriptions send those events as they are; one
+  that fails to decode is evicted;
 - one batch of rows is reported as one list of changes, in feed order (an entity by its
   last row in the batch);
 - a storage error is logged and the batch read again after a back-off (nothing was
@@ -249,8 +251,7 @@ class FeedFollower:
             log.error("entity %s in the feed does not decode: %s", entity_id, exc)
             self._residents.evict(entity_id)
             return None
-        if self._residents.get(entity_id) is not None:
-            self._residents.put(entity)  # a resident reloaded since it was reported
+        self._residents.put(entity)  # so the entity's next rows refresh it by their events
         after = entity.snapshot()
         before = Snapshot(entity_id, entity.collection, Clock(), {})
         return EntityChange(before, after, (), frozenset(after.values))
@@ -260,6 +261,9 @@ class FeedFollower:
     ) -> tuple[AdmittedEvent, ...] | None:
         """The events ``head`` has and the resident's head lacks, parents first (``None``:
         not found within the budget)."""
+        step = _one_step(resident.head, head, known)
+        if step is not None:
+            return step
         try:
             outcome = await missing(
                 _NearBy(self._store),
@@ -281,3 +285,25 @@ class FeedFollower:
         reported.move_to_end(entity_id)
         while len(reported) > REMEMBERED:
             reported.popitem(last=False)
+
+
+def _one_step(
+    shown: Clock, head: Clock, known: Mapping[EventId, AdmittedEvent]
+) -> tuple[AdmittedEvent, ...] | None:
+    """The events between ``shown`` and ``head`` without a walk, when ``head`` is one step
+    on from ``shown``: every tip of ``head`` not in ``shown`` is known and has all its
+    parents in ``shown``, and together with the tips both share they name every tip of
+    ``shown`` (the commits of a moment: one event on the head this node showed). Else
+    ``None``, and the walk decides."""
+    new = [i for i in head if i not in shown]
+    if not new or any(i not in known for i in new):
+        return None
+    reached = {i for i in head if i in shown}
+    for event_id in new:
+        parents = known[event_id].parent
+        if any(p not in shown for p in parents):
+            return None
+        reached.update(parents)
+    if len(reached) != len(shown):
+        return None
+    return tuple(sorted((known[i] for i in new), key=lambda e: (e.generation, e.id)))
