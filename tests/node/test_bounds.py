@@ -24,7 +24,7 @@ from mycelia.node.upstream import ConnectionState
 from mycelia.proto.messages import Message, decode_frame, peek
 from mycelia.proto.peering import DeltasPage, DeltasResponse, GetRequest, SubscribeRequest
 from mycelia.storage import LmdbStorage, MemoryStorage
-from mycelia.storage.lmdb import RECENT_BYTES
+from mycelia.storage.recent import RECENT_BYTES
 from tests.hostile.serving import RawPeer
 
 KIB, MIB = 1024, 1024 * 1024

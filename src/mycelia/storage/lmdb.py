@@ -26,7 +26,6 @@ import asyncio
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -76,6 +75,7 @@ from mycelia.storage.lmdb_writer import (
     unpack_encoded,
 )
 from mycelia.storage.plan import check_bound, plan_query
+from mycelia.storage.recent import RecentEvents
 from mycelia.storage.staging import Spill, load_batches
 
 __all__ = ["DEFAULT_MAP_SIZE", "FORMAT_VERSION", "LARGE_READ", "LmdbStorage"]
@@ -88,11 +88,6 @@ T = TypeVar("T")
 
 DEFAULT_MAP_SIZE: Final = 1 << 30
 """Initial map size (address space, not disk: the file grows as data does)."""
-RECENT_EVENTS: Final = 4096
-"""How many recently committed events are kept decoded for reads (at most)."""
-RECENT_BYTES: Final = 16 * 1024 * 1024
-"""How many bytes of recently committed events are kept decoded for reads (at most): a
-commit of large events keeps few of them."""
 STALE_SNAPSHOT: Final = 64
 """Commits after which a writing thread drops its cached read snapshot."""
 LARGE_READ: Final = 2000
@@ -122,11 +117,8 @@ class LmdbStorage:
         self._gate = Gate()
         self._closed = False
         self._owner: int | None = None
-        self._recent: OrderedDict[EventId, AdmittedEvent] = OrderedDict()
-        """Events this engine committed lately (immutable, so never stale): a commit reads
-        its parents, which are usually the events of the commit before. Bounded by
-        RECENT_EVENTS and RECENT_BYTES (``_recent_bytes`` counts their canonical bytes)."""
-        self._recent_bytes = 0
+        self._recent = RecentEvents()
+        """Events this engine committed lately (:mod:`mycelia.storage.recent`)."""
         self._cached: Txn | None = None
         self._cached_at = -1
         self._lock_fd = take_lock(self.path, readonly=readonly)
@@ -409,7 +401,7 @@ class LmdbStorage:
         if not encoded:
             return WriteResult(frozenset(), ())
         if batch.forget:
-            self._unremember(frozenset(batch.forget))
+            self._recent.forget_entities(frozenset(batch.forget))
         result = await self._writer.submit(encoded)
         self._remember(batch.events)
         return result
@@ -417,7 +409,7 @@ class LmdbStorage:
     @property
     def cached_event_bytes(self) -> int:
         """Bytes of recently committed events kept decoded (at most RECENT_BYTES)."""
-        return self._recent_bytes
+        return self._recent.bytes
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -425,23 +417,9 @@ class LmdbStorage:
         if self.readonly:
             raise StorageReadOnly(f"{self.path} was opened read-only")
 
-    def _unremember(self, entities: frozenset[EntityId]) -> None:
-        """Let go of the recent events of entities a write forgets (before it commits, so
-        no read after the commit can find them here)."""
-        recent = self._recent
-        for event_id in [i for i, e in recent.items() if e.entity_id in entities]:
-            self._recent_bytes -= len(recent.pop(event_id).event.to_bytes())
-
     def _remember(self, events: tuple[AdmittedEvent, ...]) -> None:
         """Keep just-committed events at hand; let go of a read snapshot grown old."""
-        recent = self._recent
-        for event in events:
-            if event.id not in recent:
-                recent[event.id] = event
-                self._recent_bytes += len(event.event.to_bytes())
-        while recent and (len(recent) > RECENT_EVENTS or self._recent_bytes > RECENT_BYTES):
-            _, dropped = recent.popitem(last=False)
-            self._recent_bytes -= len(dropped.event.to_bytes())
+        self._recent.remember(events)
         # A snapshot pins the pages it sees: renewing only on reads could pin old ones
         # through a long run of writes, so the file would grow instead of reusing them.
         age = self._writer.commits - self._cached_at

@@ -62,6 +62,9 @@ Invariants:
   latency, never data (:mod:`mycelia.storage.postgres_listen`). Several processes may
   share one database and see each other's commits: the engine says so (``shared``), and a
   node on it follows its feed (:mod:`mycelia.node.feed`).
+- Events never change once stored, so the events this engine wrote or read lately are
+  kept decoded (:mod:`mycelia.storage.recent`, bounded in count and bytes) and read
+  without a round trip; a write that forgets an entity lets go of its events first.
 - :meth:`PostgresStorage.exclusive` holds a per-schema advisory lock, so servers that
   start together on an empty schema create one node key and one system.
 """
@@ -112,6 +115,7 @@ from mycelia.storage.postgres_sql import (
     state_row,
     state_rows,
 )
+from mycelia.storage.recent import RecentEvents
 from mycelia.storage.staging import Spill, load_batches, stale_load
 
 __all__ = ["SCHEMA_VERSION", "PostgresStorage"]
@@ -213,6 +217,9 @@ class PostgresStorage:
         self._q = {k: sql.SQL(v).format(s=sql.Identifier(schema)) for k, v in QUERIES.items()}
         self._pool: AsyncConnectionPool[Any] | None = None
         self._listener = FeedListener(dsn, self.channel, poll_interval=poll_interval)
+        self._recent = RecentEvents()
+        """Events this engine wrote or read lately (:mod:`mycelia.storage.recent`): a walk
+        or a client's request for the last few events of an entity costs no round trip."""
         self._opening = asyncio.Lock()
         self._closed = False
 
@@ -334,13 +341,21 @@ class PostgresStorage:
     async def get_events(
         self, ids: Collection[EventId], *, ahead: int = 0
     ) -> Mapping[EventId, AdmittedEvent]:
-        """Known events among ``ids`` plus up to ``ahead`` ancestors (one recursive query)."""
-        if not ids:
-            return {}
-        return {e.id: e for e in map(admitted, await self._fetch(*_events_query(ids, ahead)))}
+        """Known events among ``ids`` plus up to ``ahead`` ancestors (one recursive query
+        for those not among the recent events this engine holds)."""
+        found, rest = self._recent.read(ids, ahead)
+        if not rest:
+            return found
+        rows = await self._fetch(*_events_query(rest, ahead))
+        read = [admitted(row) for row in rows]
+        self._recent.remember(read)
+        found.update((e.id, e) for e in read)
+        return found
 
     async def event_stored(self, event_id: EventId) -> bool:
         """Whether the event is stored."""
+        if event_id in self._recent:
+            return True
         return bool(await self._fetch("stored", (bytes(event_id),)))
 
     async def events_of(self, entity_id: EntityId) -> list[AdmittedEvent]:
@@ -563,6 +578,8 @@ class PostgresStorage:
             await self._ready()
             return WriteResult(frozenset(), ())
         pool = await self._ready()
+        if batch.forget:
+            self._recent.forget_entities(frozenset(batch.forget))
         for attempt in range(1, _ATTEMPTS + 1):
             try:
                 async with pool.connection() as conn:
@@ -583,6 +600,7 @@ class PostgresStorage:
                 log.info("PostgreSQL write aborted (%s); running it again", exc)
             except (psycopg.Error, PoolTimeout) as exc:
                 raise _translate(exc, "PostgreSQL write failed") from exc
+        self._recent.remember(batch.events)
         if offsets:
             self._listener.announce(offsets[-1])
         return WriteResult(new, offsets)
