@@ -210,13 +210,22 @@ class Applier:
 
     def _check_sizes(self, states: tuple[StoredState, ...], grown: set[EntityId]) -> None:
         """Refuse a write that grows an entity past ``max_entity_bytes`` (ARCHITECTURE.md
-        §7: its snapshot could never be sent): PayloadTooLarge, nothing written."""
+        §7: its snapshot could never be sent): PayloadTooLarge, nothing written.
+
+        A text state is canonicalised only when read (O(document)); an entity whose
+        estimated size is within half the limit is not computed for this check (the
+        estimate is the bytes of the updates the state merges, which the merge exceeds
+        by a few dozen bytes at most)."""
+        limit = self._max_entity_bytes
         for stored in states:
             state = stored.state
-            if state.entity_id in grown and state.wire_size() > self._max_entity_bytes:
+            if state.entity_id not in grown or state.wire_size(estimate=True) <= limit // 2:
+                continue
+            size = state.wire_size()
+            if size > limit:
                 raise PayloadTooLarge(
-                    f"entity {state.entity_id} would be {state.wire_size()} bytes; an entity "
-                    f"may be at most {self._max_entity_bytes} (split it into several)"
+                    f"entity {state.entity_id} would be {size} bytes; an entity "
+                    f"may be at most {limit} (split it into several)"
                 )
 
     # -- events from anywhere ------------------------------------------------------------

@@ -37,13 +37,19 @@ T = TypeVar("T")
 
 class Deferred:
     """A state buffer computed when first read, then kept (ARCHITECTURE.md §5: a text
-    state is canonicalised lazily). ``make`` must be a pure function of what it captured."""
+    state is canonicalised lazily). ``make`` must be a pure function of what it captured.
 
-    __slots__ = ("_make", "_value")
+    ``estimate``, when given, is about the buffer's size, for a cheap size check that need
+    not compute it (:meth:`EntityState.wire_size` with ``estimate=True``): the bytes of
+    the parts ``make`` merges, which a merge's re-encoding exceeds by a few dozen bytes at
+    most."""
 
-    def __init__(self, make: Callable[[], bytes]) -> None:
+    __slots__ = ("_make", "_value", "estimate")
+
+    def __init__(self, make: Callable[[], bytes], *, estimate: int | None = None) -> None:
         self._make: Callable[[], bytes] | None = make
         self._value = b""
+        self.estimate = estimate
 
     def get(self) -> bytes:
         """The buffer (computed on the first call)."""
@@ -110,6 +116,27 @@ class State:
             object.__setattr__(self, "_buffers", buffers)
             object.__setattr__(self, "_parts", None)
         return buffers
+
+    def backend_names(self) -> tuple[str, ...]:
+        """The backends' names, sorted (computing no buffer)."""
+        parts: tuple[tuple[str, Buffer], ...] = self._buffers or self._parts or ()
+        return tuple(name for name, _ in parts)
+
+    def buffer_bytes(self, *, estimate: bool = False) -> int:
+        """The bytes of the buffers; with ``estimate``, a buffer not computed yet counts its
+        :attr:`Deferred.estimate` instead of being computed (when it has one)."""
+        parts = self._parts
+        if not estimate or parts is None:
+            return sum(len(buf) for _, buf in self.buffers)
+        total = 0
+        for _, part in parts:
+            if not isinstance(part, Deferred):
+                total += len(part)
+            elif part.ready or part.estimate is None:
+                total += len(part.get())
+            else:
+                total += part.estimate
+        return total
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, State):
@@ -205,15 +232,19 @@ class EntityState:
         """Canonical bytes of this state."""
         return pack(self.to_wire())
 
-    def wire_size(self) -> int:
+    def wire_size(self, *, estimate: bool = False) -> int:
         """An upper bound of ``len(self.to_bytes())``, without encoding (msgpack adds at
-        most 5 bytes of header to a string, binary or array, 9 to an integer)."""
+        most 5 bytes of header to a string, binary or array, 9 to an integer). With
+        ``estimate``, buffers not computed yet count their estimate (see
+        :class:`Deferred`): close, but no bound."""
         state = self.state
+        names = sum(15 + len(name) for name in state.backend_names())
         return (
             64
             + len(self.collection)
             + 39 * len(state.head)
-            + sum(15 + len(name) + len(buf) for name, buf in state.buffers)
+            + names
+            + state.buffer_bytes(estimate=estimate)
         )
 
     @classmethod

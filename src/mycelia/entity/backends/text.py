@@ -229,7 +229,8 @@ class TextBackend:
             updates = log[:count] if base is None else [base, *log[:count]]
             return canonical_update(updates)
 
-        return Deferred(make)
+        estimate = (0 if base is None else len(base)) + self._log_bytes
+        return Deferred(make, estimate=estimate)
 
     def _fold(self, state: bytes) -> None:
         """Make ``state`` (canonical, of the document now) the base of an empty log."""
