@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Final, Protocol, TypeVar, runtime_checkable
 
 from mycelia.entity import Applier, Entity, EntityChange, IngestResult
@@ -217,6 +217,9 @@ class Upstream:
         self._commits = commits
         self._following: dict[int, Standing] = {}
         self._serving: dict[asyncio.Task[None], None] = {}
+        self._below: dict[EntityId, Clock] = {}
+        """Heads held here when their entities' states were asked for whole: each such
+        state descends from it (see :meth:`_subscribe`); taken by the answer."""
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -261,7 +264,7 @@ class Upstream:
             live, session = self._following.get(update.query_id), self._link.session
             log.info("resubscribing query %s: %s", update.query_id, exc)
             if live is not None and session is not None:
-                await self._subscribe(session, live)
+                await self._subscribe(session, live, afresh={d.entity_id for d in update.deltas})
         except MyceliaError as exc:
             log.warning("could not apply an update from the durable peer (%s): reconnecting", exc)
             session = self._link.session
@@ -337,13 +340,24 @@ class Upstream:
         with contextlib.suppress(ConnectionClosed, RequestTimeout):
             await self._link.request(lambda rid: UnsubscribeRequest(rid, qid), expect=Message)
 
-    async def _subscribe(self, session: Session, live: Standing) -> None:
-        """Mirror one query on the peer, sending the heads held here."""
+    async def _subscribe(
+        self, session: Session, live: Standing, *, afresh: Collection[EntityId] = ()
+    ) -> None:
+        """Mirror one query on the peer, sending the heads held here — but none for the
+        entities ``afresh``: the peer then sends their states whole, each taken as
+        descending from the head held here when this node owes no commit of the entity
+        (everything it holds then came from the peer, whose head covers all it has)."""
         known = []
+        held: dict[EntityId, Clock] = {}
+        owing = {e.entity_id for e in self._commits.owed()} if self._commits else set()
         for entity_id in live.member_ids():
             entity = await self._applier.load(entity_id)
-            if entity is not None and entity.exists:
+            if entity is None or not entity.exists:
+                continue
+            if entity_id not in afresh:
                 known.append(KnownEntity(entity_id, entity.head.ids))
+            elif entity_id not in owing and not self._durable:
+                held[entity_id] = entity.head
         collection, text, args, qid = live.collection, live.text, live.args, live.query_id
         try:
             response = await session.request(
@@ -356,6 +370,7 @@ class Upstream:
             log.warning("could not subscribe query %s on the durable peer: %s", qid, exc)
             return
         try:
+            self._below.update(held)
             await self.apply_deltas(response.deltas)
         except (DecodeError, LineageError, RetrievalError) as exc:
             log.warning("resubscribing query %s after a refused answer (%s)", qid, exc)
@@ -382,6 +397,10 @@ class Upstream:
             for d in deltas
             if d.state is not None and d.base is not None and not self._durable
         }
+        for d in deltas:  # states asked for whole, over heads known to be below them
+            below = self._below.pop(d.entity_id, None)
+            if d.state is not None and below is not None:
+                bases.setdefault(d.entity_id, below)
         refused: dict[EntityId, MyceliaError] = {}
         if states:
             merged = await self._applier.ingest_states(states, bases=bases)
@@ -391,16 +410,18 @@ class Upstream:
             result = await self._applier.ingest(events)
             refused.update(result.errors)
             changes.extend(result.changes)
-            changes.extend(await self._fill_gaps(result))
+            changes.extend(await self._fill_gaps(result, events))
         for entity_id, error in refused.items():
             log.warning("could not apply what the durable peer sent for %s: %s", entity_id, error)
         if refused:
             raise next(iter(refused.values()))
         return changes
 
-    async def _fill_gaps(self, result: IngestResult) -> list[EntityChange]:
+    async def _fill_gaps(self, result: IngestResult, sent: Sequence[Event]) -> list[EntityChange]:
         """Ask the peer for parents nobody here has, until the held events apply; raises
-        EventNotFound (after applying what did) if some are still missing."""
+        EventNotFound (after applying what did) if some are still missing, or if events
+        the peer ``sent`` are still held for want of history below them (an ephemeral
+        node's snapshot boundary: the caller then asks for the entity's state whole)."""
         changes: list[EntityChange] = []
         missing: set[EventId] = set(result.missing)
         for _ in range(MAX_FETCH_ROUNDS):
@@ -423,6 +444,13 @@ class Upstream:
                 f"the durable peer did not send {len(missing)} events the update needs "
                 f"(such as {first})",
                 event_id=first,
+            )
+        held = sorted(e.id for e in sent if e.id in self._applier.pending)
+        if held:
+            raise EventNotFound(
+                f"{len(held)} events the durable peer sent still wait for history below "
+                f"them (such as {held[0]})",
+                event_id=held[0],
             )
         return changes
 
