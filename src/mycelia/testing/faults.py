@@ -16,6 +16,10 @@
   deltas its durable peer sends (a lost update). Its copy and live queries then fall
   behind for good unless something repairs them, which the checkers must report.
 
+Both replace a method on its class for the block with :func:`_replaced` (``setattr``:
+mypy rightly refuses an assignment to a method) and put the original back however the
+block ends.
+
 Invariant: outside the ``with`` block (or after :meth:`FaultyStorage.disarm`) behaviour is
 exactly the real one.
 """
@@ -23,7 +27,7 @@ exactly the real one.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from mycelia.entity import EntityChange
@@ -84,11 +88,8 @@ def broken_lww() -> Iterator[None]:
     ) -> set[str]:
         return original(self, AdmittedEvent(event.event, next(ranks)), diffs)
 
-    LwwBackend.apply = last_applied_wins  # type: ignore[method-assign]
-    try:
+    with _replaced(LwwBackend, "apply", last_applied_wins):
         yield
-    finally:
-        LwwBackend.apply = original  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -102,8 +103,20 @@ def dropped_deltas(every: int = 5) -> Iterator[None]:
         kept = [d for d in deltas if next(seen) % every]
         return await original(self, kept)
 
-    Upstream.apply_deltas = lossy  # type: ignore[method-assign]
+    with _replaced(Upstream, "apply_deltas", lossy):
+        yield
+
+
+@contextmanager
+def _replaced(owner: type, name: str, replacement: Callable[..., object]) -> Iterator[None]:
+    """Within the block, ``owner.name`` is ``replacement``; then the original again.
+
+    Only a method defined on ``owner`` itself can be replaced (KeyError otherwise): putting
+    an inherited one back would leave a copy on ``owner`` that hides later changes to it.
+    """
+    original = owner.__dict__[name]
+    setattr(owner, name, replacement)
     try:
         yield
     finally:
-        Upstream.apply_deltas = original  # type: ignore[method-assign]
+        setattr(owner, name, original)
