@@ -15,6 +15,8 @@
 - :func:`dropped_deltas` plants a client-side bug: a client silently ignores some of the
   deltas its durable peer sends (a lost update). Its copy and live queries then fall
   behind for good unless something repairs them, which the checkers must report.
+  ``at_most`` bounds the loss: ``dropped_deltas(every=1, at_most=1)`` loses the one next
+  update, a gap the client's own repair must cure (``tests/node/test_gaps.py``).
 
 Both replace a method on its class for the block with :func:`_replaced` (``setattr``:
 mypy rightly refuses an assignment to a method) and put the original back however the
@@ -93,15 +95,26 @@ def broken_lww() -> Iterator[None]:
 
 
 @contextmanager
-def dropped_deltas(every: int = 5) -> Iterator[None]:
-    """Within the block, clients drop every ``every``-th delta their durable peer sends
-    (test-only: a planted lost-update bug the simulator must catch)."""
+def dropped_deltas(every: int = 5, *, at_most: int | None = None) -> Iterator[None]:
+    """Within the block, clients drop every ``every``-th delta their durable peer sends,
+    ``at_most`` of them in all (no bound by default), counted over every client from the
+    start of the block (test-only: a planted lost-update bug the simulator must catch).
+
+    ``every=1, at_most=1`` drops exactly the first delta any client receives in the block.
+    """
     original = Upstream.apply_deltas
     seen = itertools.count(1)
+    dropped = 0
+
+    def drop_this_one() -> bool:
+        nonlocal dropped
+        if next(seen) % every or (at_most is not None and dropped >= at_most):
+            return False
+        dropped += 1
+        return True
 
     async def lossy(self: Upstream, deltas: Iterable[Delta]) -> list[EntityChange]:
-        kept = [d for d in deltas if next(seen) % every]
-        return await original(self, kept)
+        return await original(self, [d for d in deltas if not drop_this_one()])
 
     with _replaced(Upstream, "apply_deltas", lossy):
         yield
