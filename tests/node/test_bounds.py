@@ -5,6 +5,7 @@ against a real ``mycelia serve`` at full size are ``tests/hostile/test_memory.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -19,6 +20,8 @@ from mycelia.entity import Entity, Residents
 from mycelia.entity.residents import resident_size
 from mycelia.errors import ConnectionClosed, Overloaded
 from mycelia.node.budget import Bounds, InFlight, Outgoing, Pool
+from mycelia.node.peer import PeerConnection
+from mycelia.node.server import BoundedConnection, Partial
 from mycelia.node.transport import Transport, memory_pair
 from mycelia.node.upstream import ConnectionState
 from mycelia.proto.messages import Message, decode_frame, peek
@@ -208,11 +211,11 @@ async def blobs(node: Node, count: int, size: int) -> list[mycelia.EntityId]:
     return ids
 
 
-async def served_connection(server: Server) -> object:
-    async with asyncio.timeout(10):
-        while not server.connections:  # noqa: ASYNC110 - a server has no event for it
-            await asyncio.sleep(0.01)
-    return next(iter(server.connections))
+def served_connection(server: Server) -> PeerConnection:
+    """The one connection ``server`` holds. Nothing to wait for once a peer's handshake is
+    done: the server holds a connection from before its handshake starts (``serve_peer``)."""
+    (connection,) = server.connections
+    return connection
 
 
 async def test_a_subscriber_that_does_not_read_is_cut_off_by_bytes(node: Node) -> None:
@@ -220,64 +223,99 @@ async def test_a_subscriber_that_does_not_read_is_cut_off_by_bytes(node: Node) -
     slow = await RawPeer.open(server.url, max_queue=1)
     await slow.send(SubscribeRequest(slow.rid(), 1, "blobs", "", (), ()))
     await slow.recv()
-    connection = await served_connection(server)
+    connection = served_connection(server)
     commits = 0
-    while getattr(connection, "error", None) is None and commits < 2000:
+    while connection.error is None and commits < 2000:
         await blobs(node, 1, 64 * KIB)
         commits += 1
-    assert isinstance(connection.error, Overloaded)  # type: ignore[attr-defined]
-    assert "slow consumer" in str(connection.error)  # type: ignore[attr-defined]
+    assert isinstance(connection.error, Overloaded)
+    assert "slow consumer" in str(connection.error)
     assert commits < 200  # cut off at about 1 MiB queued, not 4,096 frames
     await server.close()
 
 
-async def test_unread_answers_wait_for_room_then_the_peer_is_cut_off(node: Node) -> None:
+PROBE_EVERY = 0.05
+"""Seconds between two reads through another client while a greedy peer waits to be cut
+off: the reads sample how the server serves the others meanwhile."""
+
+
+async def test_unread_answers_wait_for_room_then_the_peer_is_cut_off(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (entity,) = await blobs(node, 1, 900 * KIB)
     bounds = Bounds(outgoing_bytes=2 * MIB, stall_timeout=0.5)
     server = await mycelia.serve(node, port=0, bounds=bounds)
     greedy = await RawPeer.open(server.url, max_queue=1)
     for _ in range(300):
         await greedy.send(GetRequest(greedy.rid(), (entity,)))
-    connection = await served_connection(server)
+    connection = served_connection(server)
+    cut = cut_off_event(connection, monkeypatch)
     reader = await Node.open(MemoryStorage(), durable=False)
     await mycelia.connect(reader, server.url)
     await reader.wait_ready(timeout=10)
     async with asyncio.timeout(20):
-        while getattr(connection, "error", None) is None:
+        while connection.error is None:
             started = time.monotonic()
             assert (await reader.context().get(Blob, entity)).id == entity
             assert time.monotonic() - started < 0.5  # the others are served meanwhile
             assert node_pool_used(connection) <= 2 * MIB + 2 * MIB
-            await asyncio.sleep(0.05)
-    assert isinstance(connection.error, Overloaded)  # type: ignore[attr-defined]
+            with contextlib.suppress(TimeoutError):  # the next read, unless cut off first
+                await asyncio.wait_for(cut.wait(), PROBE_EVERY)
+    assert isinstance(connection.error, Overloaded)
     await greedy.closed()
     await reader.close()
     await server.close()
 
 
-def node_pool_used(connection: object) -> int:
-    return connection._me.answers.used  # type: ignore[attr-defined,no-any-return]
+def node_pool_used(connection: PeerConnection) -> int:
+    return connection._me.answers.used
 
 
-async def test_half_sent_frames_are_bounded_together_and_cut_off_in_time(node: Node) -> None:
+def cut_off_event(connection: PeerConnection, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """An event set once ``connection`` cuts its peer off (it has no event of its own for
+    it: its ``cut_off`` is wrapped to set this one too)."""
+    cut = asyncio.Event()
+    cut_off = connection.cut_off
+
+    def noted(why: str) -> None:
+        cut_off(why)
+        cut.set()
+
+    monkeypatch.setattr(connection, "cut_off", noted)
+    return cut
+
+
+async def test_half_sent_frames_are_bounded_together_and_cut_off_in_time(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = await mycelia.serve(node, port=0, partial_bytes=4 * MIB, unfinished_timeout=1.0)
+    totals = every_total(server.partial, monkeypatch)
     peers = [await RawPeer.open(server.url) for _ in range(10)]
     header = b"\x82\xff" + (2 * MIB).to_bytes(8, "big") + b"\0\0\0\0"  # masked, key 0
     for peer in peers:
         peer.ws.transport.write(header + bytes(MIB))  # half of a 2 MiB frame
-    # The rest wait in their sockets (each may hold one read, 256 KiB, past the budget):
-    # the bound holds at every moment until they are cut off, not at one chosen instant.
-    most = 0
-    async with asyncio.timeout(10):
-        while most == 0 or server.partial.total:  # sampled: the server has no event for it
-            most = max(most, server.partial.total)
-            await asyncio.sleep(0.005)
-    assert 0 < most <= 4 * MIB + 10 * 256 * KIB
     for peer in peers:
         code, reason = await peer.closed(timeout=10)
         assert code in (1008, None), reason
+    # The rest wait in their sockets (each may hold one read, 256 KiB, past the budget):
+    # the bound holds at every moment until they are cut off, not at one chosen instant.
+    assert 0 < max(totals, default=0) <= 4 * MIB + 10 * 256 * KIB
     assert server.partial.total == 0
     await server.close()
+
+
+def every_total(partial: Partial, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bytes ``partial`` holds after each change, from now on (the server has no
+    event for it: its one method that changes the total is wrapped to note each one)."""
+    totals: list[int] = []
+    update = partial.update
+
+    def noted(connection: BoundedConnection, held: int) -> None:
+        update(connection, held)
+        totals.append(partial.total)
+
+    monkeypatch.setattr(partial, "update", noted)
+    return totals
 
 
 async def test_connections_beyond_the_limit_are_refused_with_overloaded(node: Node) -> None:
@@ -289,9 +327,8 @@ async def test_connections_beyond_the_limit_are_refused_with_overloaded(node: No
     assert reason.startswith("11006 Overloaded")
     client = await Node.open(MemoryStorage(), durable=False)
     connection = await mycelia.connect(client, server.url)
-    async with asyncio.timeout(10):
-        while not isinstance(connection.error, Overloaded):  # noqa: ASYNC110 - no event for it
-            await asyncio.sleep(0.02)
+    await connection.wait_state(ConnectionState.DISCONNECTED, timeout=10)  # refused at once
+    assert isinstance(connection.error, Overloaded)
     assert isinstance(connection.error, ConnectionClosed)
     await held[0].close()
     await client.wait_ready(timeout=10)  # room again: it gets in

@@ -8,42 +8,22 @@ clients showing other heads than the server, every commit confirmed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from mycelia import Model, Node
-from mycelia.entity import EntityChange
 from mycelia.node.inprocess import InProcessServer
 from mycelia.node.ports import Peer
 from mycelia.node.serving import Responder
-from mycelia.node.upstream import Upstream
 from mycelia.proto.messages import Message
-from mycelia.proto.peering import Delta, EventsResponse, GetEventsRequest
+from mycelia.proto.peering import EventsResponse, GetEventsRequest
 from mycelia.storage import MemoryStorage
+from mycelia.testing import dropped_deltas
 from tests.node.waiting import until
 
 
 class Dial(Model, collection="dials"):
     turn: int = 0
-
-
-@contextmanager
-def first_delta_lost() -> Iterator[None]:
-    """Within the block, the client loses the first delta its durable peer sends."""
-    original = Upstream.apply_deltas
-    lost: list[Delta] = []
-
-    async def lossy(self: Upstream, deltas: Iterable[Delta]) -> list[EntityChange]:
-        kept = list(deltas)
-        if not lost and kept:
-            lost.append(kept.pop(0))
-        return await original(self, kept)
-
-    Upstream.apply_deltas = lossy  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Upstream.apply_deltas = original  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -80,7 +60,7 @@ async def test_an_update_the_peer_cannot_fill_resubscribes_and_catches_up() -> N
             return [d.turn for d in live.items] == [turn]
 
         await until(client, lambda: shows(0))
-        with events_never_sent() as asked, first_delta_lost():
+        with events_never_sent() as asked, dropped_deltas(every=1, at_most=1):
             for turn in (1, 2):  # the client loses the first update; the second has a gap
                 async with server_node.context().transaction() as trx:
                     (await trx.edit(Dial, dial)).turn = turn

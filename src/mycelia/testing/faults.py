@@ -15,6 +15,12 @@
 - :func:`dropped_deltas` plants a client-side bug: a client silently ignores some of the
   deltas its durable peer sends (a lost update). Its copy and live queries then fall
   behind for good unless something repairs them, which the checkers must report.
+  ``at_most`` bounds the loss: ``dropped_deltas(every=1, at_most=1)`` loses the one next
+  update, a gap the client's own repair must cure (``tests/node/test_gaps.py``).
+
+Both replace a method on its class for the block with :func:`_replaced` (``setattr``:
+mypy rightly refuses an assignment to a method) and put the original back however the
+block ends.
 
 Invariant: outside the ``with`` block (or after :meth:`FaultyStorage.disarm`) behaviour is
 exactly the real one.
@@ -23,7 +29,7 @@ exactly the real one.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from mycelia.entity import EntityChange
@@ -84,26 +90,46 @@ def broken_lww() -> Iterator[None]:
     ) -> set[str]:
         return original(self, AdmittedEvent(event.event, next(ranks)), diffs)
 
-    LwwBackend.apply = last_applied_wins  # type: ignore[method-assign]
-    try:
+    with _replaced(LwwBackend, "apply", last_applied_wins):
         yield
-    finally:
-        LwwBackend.apply = original  # type: ignore[method-assign]
 
 
 @contextmanager
-def dropped_deltas(every: int = 5) -> Iterator[None]:
-    """Within the block, clients drop every ``every``-th delta their durable peer sends
-    (test-only: a planted lost-update bug the simulator must catch)."""
+def dropped_deltas(every: int = 5, *, at_most: int | None = None) -> Iterator[None]:
+    """Within the block, clients drop every ``every``-th delta their durable peer sends,
+    ``at_most`` of them in all (no bound by default), counted over every client from the
+    start of the block (test-only: a planted lost-update bug the simulator must catch).
+
+    ``every=1, at_most=1`` drops exactly the first delta any client receives in the block.
+    """
     original = Upstream.apply_deltas
     seen = itertools.count(1)
+    dropped = 0
+
+    def drop_this_one() -> bool:
+        nonlocal dropped
+        if next(seen) % every or (at_most is not None and dropped >= at_most):
+            return False
+        dropped += 1
+        return True
 
     async def lossy(self: Upstream, deltas: Iterable[Delta]) -> list[EntityChange]:
-        kept = [d for d in deltas if next(seen) % every]
-        return await original(self, kept)
+        return await original(self, [d for d in deltas if not drop_this_one()])
 
-    Upstream.apply_deltas = lossy  # type: ignore[method-assign]
+    with _replaced(Upstream, "apply_deltas", lossy):
+        yield
+
+
+@contextmanager
+def _replaced(owner: type, name: str, replacement: Callable[..., object]) -> Iterator[None]:
+    """Within the block, ``owner.name`` is ``replacement``; then the original again.
+
+    Only a method defined on ``owner`` itself can be replaced (KeyError otherwise): putting
+    an inherited one back would leave a copy on ``owner`` that hides later changes to it.
+    """
+    original = owner.__dict__[name]
+    setattr(owner, name, replacement)
     try:
         yield
     finally:
-        Upstream.apply_deltas = original  # type: ignore[method-assign]
+        setattr(owner, name, original)
