@@ -217,9 +217,6 @@ class Upstream:
         self._commits = commits
         self._following: dict[int, Standing] = {}
         self._serving: dict[asyncio.Task[None], None] = {}
-        self._below: dict[EntityId, Clock] = {}
-        """Heads held here when their entities' states were asked for whole: each such
-        state descends from it (see :meth:`_subscribe`); taken by the answer."""
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -344,20 +341,13 @@ class Upstream:
         self, session: Session, live: Standing, *, afresh: Collection[EntityId] = ()
     ) -> None:
         """Mirror one query on the peer, sending the heads held here — but none for the
-        entities ``afresh``: the peer then sends their states whole, each taken as
-        descending from the head held here when this node owes no commit of the entity
-        (everything it holds then came from the peer, whose head covers all it has)."""
+        entities ``afresh``: the peer then sends their states whole, merged here as any
+        snapshot (values by their CRDTs, the head by comparison)."""
         known = []
-        held: dict[EntityId, Clock] = {}
-        owing = {e.entity_id for e in self._commits.owed()} if self._commits else set()
         for entity_id in live.member_ids():
             entity = await self._applier.load(entity_id)
-            if entity is None or not entity.exists:
-                continue
-            if entity_id not in afresh:
+            if entity is not None and entity.exists and entity_id not in afresh:
                 known.append(KnownEntity(entity_id, entity.head.ids))
-            elif entity_id not in owing and not self._durable:
-                held[entity_id] = entity.head
         collection, text, args, qid = live.collection, live.text, live.args, live.query_id
         try:
             response = await session.request(
@@ -370,7 +360,6 @@ class Upstream:
             log.warning("could not subscribe query %s on the durable peer: %s", qid, exc)
             return
         try:
-            self._below.update(held)
             await self.apply_deltas(response.deltas)
         except (DecodeError, LineageError, RetrievalError) as exc:
             log.warning("resubscribing query %s after a refused answer (%s)", qid, exc)
@@ -397,10 +386,6 @@ class Upstream:
             for d in deltas
             if d.state is not None and d.base is not None and not self._durable
         }
-        for d in deltas:  # states asked for whole, over heads known to be below them
-            below = self._below.pop(d.entity_id, None)
-            if d.state is not None and below is not None:
-                bases.setdefault(d.entity_id, below)
         refused: dict[EntityId, MyceliaError] = {}
         if states:
             merged = await self._applier.ingest_states(states, bases=bases)
