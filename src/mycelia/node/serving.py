@@ -158,6 +158,9 @@ class Responder:
         """Changes (entity, head after) made only of the peer's own events, not pushed yet."""
         self._heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
         """The node's heavy queries being evaluated (ARCHITECTURE.md §8)."""
+        self._answering: dict[int, _Missed] = {}
+        """Per subscription being answered, the changes committed meanwhile (see
+        :meth:`_subscribe`)."""
 
     async def handle(self, peer: Peer, msg: Message) -> Message:
         """The response to one request (raise a MyceliaError to answer with an error)."""
@@ -277,8 +280,18 @@ class Responder:
         if msg.query_id not in standing and len(standing) >= MAX_SUBSCRIPTIONS:
             raise InvalidArgument(f"a peer may hold at most {MAX_SUBSCRIPTIONS} subscriptions")
         members: dict[EntityId, Clock] = {}
-        deltas = self._deltas(peer, msg.collection, query, msg.known, members)
-        response = await _paged_deltas(peer, msg.request_id, deltas)
+        # The answer reads the entities one by one while commits go on, and the query
+        # stands only once it is built: what is committed meanwhile is kept and fed to
+        # the peer's subscriptions then (each is compared with what was sent, so what the
+        # answer already held costs nothing). Before, an entity read just before such a
+        # commit stayed behind on the peer until its next change.
+        missed = _Missed()
+        self._answering[id(missed)] = missed
+        try:
+            deltas = self._deltas(peer, msg.collection, query, msg.known, members)
+            response = await _paged_deltas(peer, msg.request_id, deltas)
+        finally:
+            del self._answering[id(missed)]
         standing[msg.query_id] = _Standing(
             msg.query_id,
             msg.collection,
@@ -288,6 +301,9 @@ class Responder:
             compile_predicate(query.predicate),
         )
         self._ensure_worker(peer)
+        feed = self._queues[peer]
+        if missed.overflowed or not all(feed.offer(c, n) for c, n in missed.changes):
+            peer.cut_off(f"its subscriptions fell more than {FEED_BYTES} bytes behind")
         return response
 
     async def _deltas(
@@ -342,6 +358,8 @@ class Responder:
         """Queue ``changes`` for every subscribed peer (a change listener of the node),
         noting which of them are that peer's own commit (its feed consumes the note)."""
         size = _changes_size(changes)
+        for missed in self._answering.values():
+            missed.add(changes, size)
         for peer, feed in self._queues.items():
             if not self._subscriptions.get(peer):
                 continue
@@ -562,6 +580,26 @@ def _events_fields(
     return tuple(e.event for e in events), tuple(
         e.generation for e in events
     ) if generations else ()
+
+
+class _Missed:
+    """The changes committed while a subscription was being answered, bounded in bytes
+    as a subscriber's feed is (past that the peer is cut off: it reconnects)."""
+
+    __slots__ = ("changes", "overflowed", "size")
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[list[EntityChange], int]] = []
+        self.size = 0
+        self.overflowed = False
+
+    def add(self, changes: list[EntityChange], size: int) -> None:
+        if self.overflowed or self.size + size > FEED_BYTES:
+            self.overflowed = True
+            self.changes.clear()
+            return
+        self.changes.append((changes, size))
+        self.size += size
 
 
 class _Feed:

@@ -1,0 +1,59 @@
+"""A commit made while a subscription is being answered reaches the subscriber
+(mycelia.node.serving): the answer reads the rows, the commit lands, and only then does
+the query stand. Before, the peer kept the row as read until the entity's next change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mycelia import Model, Node
+from mycelia.node import deltas, serving
+from mycelia.node.inprocess import InProcessServer
+from mycelia.storage import MemoryStorage
+from tests.node.waiting import until
+
+
+class Lamp(Model, collection="lamps"):
+    lit: bool = False
+
+
+async def test_a_commit_made_while_the_answer_is_built_is_pushed_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server_node = await Node.open(MemoryStorage(), durable=True)
+    await server_node.create_system()
+    server = InProcessServer(server_node)
+    client = await Node.open(MemoryStorage(), durable=False)
+    server.connect(client)
+    await client.wait_ready(timeout=10)
+    async with server_node.context().transaction() as trx:
+        lamp = trx.create(Lamp).id
+    served_rows = deltas.served_rows
+    committed: list[bool] = []
+
+    async def rows_then_a_commit(*args: Any, **kwargs: Any) -> Any:
+        rows = await served_rows(*args, **kwargs)
+        if not committed:  # the rows are read: now a commit lands before the query stands
+            committed.append(True)
+            async with server_node.context().transaction() as trx:
+                (await trx.edit(Lamp, lamp)).lit = True
+        return rows
+
+    monkeypatch.setattr(serving, "served_rows", rows_then_a_commit)
+    live = await client.context().query(Lamp, "").__aenter__()
+    try:
+
+        async def lit() -> bool:
+            return [x.lit for x in live.items] == [True]
+
+        await until(client, lit)
+        assert committed
+        want = (await server_node.context().get(Lamp, lamp)).head
+        assert [x.head for x in live.items] == [want]
+    finally:
+        await live.close()
+        await client.close()
+        await server.close()
+        await server_node.close()
