@@ -8,6 +8,7 @@ import pytest
 
 import mycelia
 from mycelia import Connection, Node, Server
+from mycelia.node.inprocess import InProcessServer
 from mycelia.storage import MemoryStorage
 
 NodeFactory = Callable[..., Awaitable[tuple[Node, Connection]]]
@@ -39,3 +40,18 @@ async def client(server: tuple[Node, Server]) -> AsyncIterator[NodeFactory]:
     yield make
     for node in made:
         await node.close()
+
+
+@pytest.fixture
+async def in_process() -> AsyncIterator[tuple[Node, Node]]:
+    """A durable server node and an ephemeral client connected to it in process."""
+    server_node = await Node.open(MemoryStorage(), durable=True)
+    await server_node.create_system()
+    server = InProcessServer(server_node)
+    client = await Node.open(MemoryStorage(), durable=False)
+    server.connect(client)
+    await client.wait_ready(timeout=10)
+    yield server_node, client
+    await client.close()
+    await server.close()
+    await server_node.close()

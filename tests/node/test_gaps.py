@@ -17,12 +17,10 @@ from contextlib import contextmanager
 import pytest
 
 from mycelia import Model, Node
-from mycelia.node.inprocess import InProcessServer
 from mycelia.node.ports import Peer
 from mycelia.node.serving import Responder
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import EventsResponse, GetEventsRequest, SubscribeRequest
-from mycelia.storage import MemoryStorage
 from mycelia.testing import dropped_deltas
 from tests.node.waiting import until
 
@@ -50,14 +48,9 @@ def events_never_sent() -> Iterator[list[GetEventsRequest]]:
 
 
 async def test_an_update_the_peer_cannot_fill_resubscribes_for_the_state_and_catches_up(
-    monkeypatch: pytest.MonkeyPatch,
+    in_process: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server_node = await Node.open(MemoryStorage(), durable=True)
-    await server_node.create_system()
-    server = InProcessServer(server_node)
-    client = await Node.open(MemoryStorage(), durable=False)
-    server.connect(client)
-    await client.wait_ready(timeout=10)
+    server_node, client = in_process
     async with server_node.context().transaction() as trx:
         dial = trx.create(Dial).id
     live = await client.context().query(Dial, "").__aenter__()
@@ -86,6 +79,3 @@ async def test_an_update_the_peer_cannot_fill_resubscribes_for_the_state_and_cat
         assert [d.head for d in live.items] == [want]
     finally:
         await live.close()
-        await client.close()
-        await server.close()
-        await server_node.close()

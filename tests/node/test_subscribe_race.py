@@ -10,8 +10,6 @@ import pytest
 
 from mycelia import Model, Node
 from mycelia.node import deltas, serving
-from mycelia.node.inprocess import InProcessServer
-from mycelia.storage import MemoryStorage
 from tests.node.waiting import until
 
 
@@ -20,14 +18,9 @@ class Lamp(Model, collection="lamps"):
 
 
 async def test_a_commit_made_while_the_answer_is_built_is_pushed_after_it(
-    monkeypatch: pytest.MonkeyPatch,
+    in_process: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server_node = await Node.open(MemoryStorage(), durable=True)
-    await server_node.create_system()
-    server = InProcessServer(server_node)
-    client = await Node.open(MemoryStorage(), durable=False)
-    server.connect(client)
-    await client.wait_ready(timeout=10)
+    server_node, client = in_process
     async with server_node.context().transaction() as trx:
         lamp = trx.create(Lamp).id
     served_rows = deltas.served_rows
@@ -54,6 +47,3 @@ async def test_a_commit_made_while_the_answer_is_built_is_pushed_after_it(
         assert [x.head for x in live.items] == [want]
     finally:
         await live.close()
-        await client.close()
-        await server.close()
-        await server_node.close()
