@@ -134,6 +134,22 @@ async def test_waiting_for_the_node_s_pool_alone_does_not_make_a_peer_stuck() ->
     assert (pool.used, idle.queued_bytes, busy.queued_bytes) == (50, 50, 0)
 
 
+async def test_a_sender_woken_by_the_close_takes_nothing_from_the_node_s_pool() -> None:
+    # Found by the test below: a cut-off peer's waiting senders woke and briefly took up
+    # to the whole node-wide pool before they saw the close.
+    pool = Pool(1000)
+    out = Outgoing(100, pool)
+    await out.reserve(100)
+    waiting = asyncio.ensure_future(out.reserve(100))
+    await asyncio.sleep(0)
+    out.close(drop=True)
+    with pytest.raises(ConnectionClosed):
+        await waiting
+    assert pool.used == 100, "only the reservation made before the close"
+    out.unreserve(100)
+    assert (pool.used, out.queued_bytes) == (0, 0)
+
+
 async def test_room_reserved_ahead_is_taken_over_by_the_frame_or_left_to_its_owner() -> None:
     pool = Pool(1000)
     out = Outgoing(1000, pool)

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from mycelia.errors import ConnectionClosed
+
 __all__ = [
     "ANSWER_POOL_BYTES",
     "DEFAULT_BOUNDS",
@@ -187,13 +189,20 @@ class Outgoing:
     async def reserve(self, size: int) -> None:
         """Take ``size`` bytes of this connection's budget and of the node's pool ahead of
         building a frame (give them to :meth:`put` as ``reserved``, or back with
-        :meth:`unreserve`)."""
+        :meth:`unreserve`). Raises ConnectionClosed once the queue is closed (a close wakes
+        the senders waiting for room: they must not then take the node's pool)."""
         await self._own.take(size)
+        if self._closed:
+            self._own.give(size)
+            raise ConnectionClosed("the connection closed")
         try:
             await self._pool.take(size)
         except BaseException:
             self._own.give(size)
             raise
+        if self.closed():  # closed while waiting for the pool
+            self.unreserve(size)
+            raise ConnectionClosed("the connection closed")
 
     def unreserve(self, size: int) -> None:
         """Give back bytes :meth:`reserve` took."""
