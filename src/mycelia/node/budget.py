@@ -192,7 +192,7 @@ class Outgoing:
         :meth:`unreserve`). Raises ConnectionClosed once the queue is closed (a close wakes
         the senders waiting for room: they must not then take the node's pool)."""
         await self._own.take(size)
-        if self._closed:
+        if self.closed():
             self._own.give(size)
             raise ConnectionClosed("the connection closed")
         try:

@@ -22,7 +22,7 @@ is refused too: its parent is unknown).
 
 Subscriptions: a peer's standing query lives here with the heads this node believes the
 peer holds. After every local commit the changes go, in order, through one worker per
-peer (its queue bounded in bytes: a peer that falls :data:`FEED_BYTES` behind is cut
+peer (its queue bounded in bytes, :mod:`mycelia.node.pushes`: a peer that falls behind is cut
 off), which pushes :class:`SubscriptionUpdate` frames with, per entity, the new events
 (when the peer holds the previous head and may still read it), a bridge or a snapshot,
 and ``matches=False`` (with no data) when an entity leaves the query or may no longer be
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -63,6 +62,7 @@ from mycelia.errors import (
 from mycelia.node.deltas import HEAVY_AT_ONCE, check_cost, delta_for, served_rows
 from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
 from mycelia.node.ports import Peer
+from mycelia.node.pushes import FEED_BYTES, Missed, SubscriberFeed, changes_size, events_size
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
 from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.messages import Message
@@ -95,8 +95,6 @@ log = logging.getLogger(__name__)
 
 MAX_SUBSCRIPTIONS: Final = 256
 """Standing queries one peer may hold."""
-FEED_BYTES: Final = 8 * 1024 * 1024
-"""Bytes of committed changes a subscriber may fall behind by before it is cut off."""
 PAGE_ENVELOPE: Final = 1024
 """Room a page keeps for its message around its deltas or events."""
 PAGE_LIMIT: Final = 1024 * 1024
@@ -149,7 +147,7 @@ class Responder:
         self._commit_remote = commit
         self._system_events = system_events
         self._subscriptions: dict[Peer, dict[int, _Standing]] = {}
-        self._queues: dict[Peer, _Feed] = {}
+        self._queues: dict[Peer, SubscriberFeed] = {}
         self._lanes: dict[Peer, asyncio.Lock] = {}
         """Each peer's lane for heavy queries (one at a time per connection)."""
         self._authored: dict[Peer, set[EventId]] = {}
@@ -158,7 +156,7 @@ class Responder:
         """Changes (entity, head after) made only of the peer's own events, not pushed yet."""
         self._heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
         """The node's heavy queries being evaluated (ARCHITECTURE.md §8)."""
-        self._answering: dict[int, _Missed] = {}
+        self._answering: dict[int, Missed] = {}
         """Per subscription being answered, the changes committed meanwhile (see
         :meth:`_subscribe`)."""
 
@@ -285,7 +283,7 @@ class Responder:
         # the peer's subscriptions then (each is compared with what was sent, so what the
         # answer already held costs nothing). Before, an entity read just before such a
         # commit stayed behind on the peer until its next change.
-        missed = _Missed()
+        missed = Missed()
         self._answering[id(missed)] = missed
         try:
             deltas = self._deltas(peer, msg.collection, query, msg.known, members)
@@ -357,7 +355,7 @@ class Responder:
     def on_change(self, changes: list[EntityChange]) -> None:
         """Queue ``changes`` for every subscribed peer (a change listener of the node),
         noting which of them are that peer's own commit (its feed consumes the note)."""
-        size = _changes_size(changes)
+        size = changes_size(changes)
         for missed in self._answering.values():
             missed.add(changes, size)
         for peer, feed in self._queues.items():
@@ -376,10 +374,10 @@ class Responder:
     def _ensure_worker(self, peer: Peer) -> None:
         if peer in self._queues:
             return
-        feed = self._queues[peer] = _Feed(FEED_BYTES)
+        feed = self._queues[peer] = SubscriberFeed(FEED_BYTES)
         peer.spawn(self._feed(peer, feed))
 
-    async def _feed(self, peer: Peer, feed: _Feed) -> None:
+    async def _feed(self, peer: Peer, feed: SubscriberFeed) -> None:
         while (changes := await feed.get()) is not None:
             if not self._still_admitted(peer):
                 return
@@ -512,16 +510,7 @@ def _bound(text: str, args: tuple[object, ...]) -> Query:
 
 def _small(change: EntityChange) -> bool:
     """Whether a change's events can travel as they are (else a snapshot or bridge)."""
-    return len(change.events) <= MAX_BATCH_EVENTS and _events_size(change.events) <= (PAGE_LIMIT)
-
-
-def _events_size(events: Iterable[AdmittedEvent]) -> int:
-    return sum(len(e.event.to_bytes()) + 5 for e in events)
-
-
-def _changes_size(changes: list[EntityChange]) -> int:
-    """About what a batch of changes holds in memory (its events' bytes)."""
-    return sum(256 + _events_size(c.events) for c in changes)
+    return len(change.events) <= MAX_BATCH_EVENTS and events_size(change.events) <= (PAGE_LIMIT)
 
 
 def _deltas_size(deltas: Sequence[Delta]) -> int:
@@ -580,66 +569,6 @@ def _events_fields(
     return tuple(e.event for e in events), tuple(
         e.generation for e in events
     ) if generations else ()
-
-
-class _Missed:
-    """The changes committed while a subscription was being answered, bounded in bytes
-    as a subscriber's feed is (past that the peer is cut off: it reconnects)."""
-
-    __slots__ = ("changes", "overflowed", "size")
-
-    def __init__(self) -> None:
-        self.changes: list[tuple[list[EntityChange], int]] = []
-        self.size = 0
-        self.overflowed = False
-
-    def add(self, changes: list[EntityChange], size: int) -> None:
-        if self.overflowed or self.size + size > FEED_BYTES:
-            self.overflowed = True
-            self.changes.clear()
-            return
-        self.changes.append((changes, size))
-        self.size += size
-
-
-class _Feed:
-    """One subscriber's queue of committed changes, bounded in bytes."""
-
-    def __init__(self, budget: int) -> None:
-        self._budget = budget
-        self._items: deque[tuple[list[EntityChange], int]] = deque()
-        self._size = 0
-        self._arrived = asyncio.Event()
-        self._closed = False
-
-    def offer(self, changes: list[EntityChange], size: int) -> bool:
-        """Queue ``changes`` (about ``size`` bytes); False if that is over the budget."""
-        if self._closed:
-            return True
-        if self._items and self._size + size > self._budget:
-            return False
-        self._items.append((changes, size))
-        self._size += size
-        self._arrived.set()
-        return True
-
-    async def get(self) -> list[EntityChange] | None:
-        """The oldest changes, or None once closed."""
-        while not self._items:
-            if self._closed:
-                return None
-            self._arrived.clear()
-            await self._arrived.wait()
-        changes, size = self._items.popleft()
-        self._size -= size
-        return changes
-
-    def close(self) -> None:
-        """Drop what is queued; :meth:`get` returns None."""
-        self._closed = True
-        self._items.clear()
-        self._size = 0
-        self._arrived.set()
 
 
 def _snapshot(state: EntityState, values: Mapping[str, object]) -> Snapshot:
