@@ -50,8 +50,10 @@ def test_a_server_says_it_is_ready_in_one_line(tmp_path: Path) -> None:
     first = start_serve(tmp_path)
     assert first.stop() == 0
     again = start_serve(tmp_path)  # the system exists: nothing to create
-    ready = [line for line in again.err.lines if "serving ws://" in line]
+    # ready is judged on stdout; stderr's reader may not have taken the line yet
+    again.err.wait_for(r"serving ws://")
     assert again.stop() == 0
+    ready = [line for line in again.err.lines if "serving ws://" in line]
     before_stop = again.err.lines[: again.err.lines.index(ready[0]) + 1]
     assert len(ready) == 1
     assert before_stop == ready, before_stop
