@@ -17,10 +17,12 @@ from contextlib import contextmanager
 import pytest
 
 from mycelia import Model, Node
+from mycelia.node.inprocess import InProcessServer
 from mycelia.node.ports import Peer
 from mycelia.node.serving import Responder
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import EventsResponse, GetEventsRequest, SubscribeRequest
+from mycelia.storage import MemoryStorage
 from mycelia.testing import dropped_deltas
 from tests.node.waiting import until
 
@@ -30,21 +32,22 @@ class Dial(Model, collection="dials"):
 
 
 @contextmanager
-def events_never_sent() -> Iterator[list[GetEventsRequest]]:
-    """Within the block, the durable peer answers every GetEvents with no events (as an
-    overloaded one whose answers come too late would); yields the requests it got."""
+def events_never_sent(at_most: int | None = None) -> Iterator[list[GetEventsRequest]]:
+    """Within the block, the durable peer answers GetEvents with no events (as an
+    overloaded one whose answers come too late would), the first ``at_most`` of them
+    (all by default); yields the requests it answered so."""
     original = Responder._get_events
     asked: list[GetEventsRequest] = []
 
     async def empty(self: Responder, peer: Peer, msg: GetEventsRequest) -> Message:
+        if at_most is not None and len(asked) >= at_most:
+            return await original(self, peer, msg)
         asked.append(msg)
         return EventsResponse(msg.request_id, (), ())
 
-    Responder._get_events = empty  # type: ignore[method-assign]
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Responder, "_get_events", empty)
         yield asked
-    finally:
-        Responder._get_events = original  # type: ignore[method-assign]
 
 
 async def test_an_update_the_peer_cannot_fill_resubscribes_for_the_state_and_catches_up(
@@ -79,3 +82,56 @@ async def test_an_update_the_peer_cannot_fill_resubscribes_for_the_state_and_cat
         assert [d.head for d in live.items] == [want]
     finally:
         await live.close()
+
+
+async def test_a_subscription_answer_bridging_below_the_snapshot_held_asks_for_the_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server_node = await Node.open(MemoryStorage(), durable=True)
+    await server_node.create_system()
+    fork = await Node.open(MemoryStorage(), durable=True)
+    await fork.join_system(await server_node.system_events())
+    async with server_node.context().transaction() as trx:
+        dial = trx.create(Dial).id  # C
+    await fork.ingest(await server_node.storage.events_of(dial))
+    server = InProcessServer(server_node)
+    client = await Node.open(MemoryStorage(), durable=False)
+    server.connect(client)
+    live = await client.context().query(Dial, "").__aenter__()  # C, as a state
+    try:
+        async with server_node.context().transaction() as trx:
+            (await trx.edit(Dial, dial)).turn = 1  # A on C: pushed as an event
+
+        async def shows_a() -> bool:
+            return [d.turn for d in live.items] == [1]
+
+        await until(client, shows_a)
+        await server.stop()
+        async with fork.context().transaction() as trx:
+            (await trx.edit(Dial, dial)).turn = 2  # B on C, concurrent with A
+        await server_node.ingest((await fork.storage.events_of(dial))[-1:])
+        want = (await server_node.context().get(Dial, dial)).head
+        assert len(want) == 2
+        subscribed: list[SubscribeRequest] = []
+        subscribe = Responder._subscribe
+
+        async def spied(self: Responder, peer: Peer, msg: SubscribeRequest) -> Message:
+            subscribed.append(msg)
+            return await subscribe(self, peer, msg)
+
+        monkeypatch.setattr(Responder, "_subscribe", spied)
+
+        async def merged() -> bool:
+            return [d.head for d in live.items] == [want]
+
+        with events_never_sent(at_most=1) as asked:  # B's parent C is not sent at first
+            server.start()  # the client redials and subscribes with [A]: a bridge to B
+            await until(client, merged)
+        assert asked  # B could not be placed
+        assert [len(s.known) for s in subscribed] == [1, 0], "asked again for the state whole"
+    finally:
+        await live.close()
+        await client.close()
+        await server.close()
+        await fork.close()
+        await server_node.close()

@@ -362,6 +362,14 @@ class Upstream:
         try:
             await self.apply_deltas(response.deltas)
         except (DecodeError, LineageError, RetrievalError) as exc:
+            bridged = {d.entity_id for d in response.deltas if d.events}
+            gapped = bridged - set(afresh) if isinstance(exc, EventNotFound) else set()
+            if gapped:
+                # a bridge from a head held here whose history below is not here (an
+                # ephemeral node's snapshot boundary): ask for those states whole, once
+                log.info("subscribing query %s again, %d states whole: %s", qid, len(gapped), exc)
+                await self._subscribe(session, live, afresh={*afresh, *gapped})
+                return
             log.warning("resubscribing query %s after a refused answer (%s)", qid, exc)
             await session.close()  # the next session subscribes again, with the heads held
 
