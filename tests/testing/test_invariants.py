@@ -192,3 +192,32 @@ async def test_caches_are_compared_by_the_head_they_hold() -> None:
     await forged.storage.write(WriteBatch(states=(replace(newer, state=wrong),)))
     with pytest.raises(Divergence, match=r"hold the same head .* but differ: rank: 2"):
         await check_convergence({"current": current, "forged": forged})
+
+
+async def test_a_cache_s_tombstone_is_only_held_to_being_deleted() -> None:
+    """Once deleted, an entity leaves every read path and subscription, so a cache that saw
+    the delete is never sent an edit concurrent with it; two caches holding the delete's
+    event may then hold different tombstones (a durable node may not)."""
+    a, b = await _nodes()
+    async with a.context().transaction() as trx:
+        note = trx.create(Note, title="base", rank=None)
+    await b.ingest(await a.storage.events_of(note.id))
+    async with a.context().transaction() as trx:
+        await trx.delete(Note, note.id)
+    (deletion,) = [e for e in await a.storage.events_of(note.id) if e.generation == 2]
+    seen_delete = await _stored(a, note.id)
+    async with b.context().transaction() as trx:
+        (await trx.edit(Note, note.id)).title = "concurrent"
+    await a.ingest(await b.storage.events_of(note.id))
+    seen_both = await _stored(a, note.id)
+    assert seen_both.state.state.head != seen_delete.state.state.head
+    caches = [await Node.open(MemoryStorage(), durable=False) for _ in range(2)]
+    for cache, stored in zip(caches, (seen_delete, seen_both), strict=True):
+        await cache.storage.write(WriteBatch(events=(deletion,), states=(stored,)))
+    await check_convergence({"saw the delete": caches[0], "saw both": caches[1]})
+    forged = await Node.open(MemoryStorage(), durable=True)
+    await forged.storage.write(WriteBatch(events=(deletion,), states=(seen_delete,)))
+    durable = await Node.open(MemoryStorage(), durable=True)
+    await durable.storage.write(WriteBatch(events=(deletion,), states=(seen_both,)))
+    with pytest.raises(Divergence, match="hold the same 1 events but differ"):
+        await check_convergence({"durable": durable, "forged": forged})
