@@ -224,6 +224,30 @@ class Outgoing:
             self.unreserve(held - size)
         if slot is not None:
             slot[0] = 0  # in the same step as the reserve's end: nothing is lost between
+        self._queue(size, encode)
+
+    def put_now(
+        self, size: int, encode: Callable[[], bytes], *, slot: list[int] | None = None
+    ) -> bool:
+        """:meth:`put` without waiting: queue ``encode()`` if the room is there now and
+        nobody waits for it before us; False (nothing taken, nothing encoded) if not."""
+        held = slot[0] if slot is not None else 0
+        need = size - held
+        if need > 0:
+            if not self._own.try_take(need):
+                return False
+            if not self._pool.try_take(need):
+                self._own.give(need)
+                return False
+        elif need < 0:
+            self.unreserve(-need)
+        if slot is not None:
+            slot[0] = 0
+        self._queue(size, encode)
+        return True
+
+    def _queue(self, size: int, encode: Callable[[], bytes]) -> None:
+        """Queue ``encode()``, holding ``size`` bytes of room already taken."""
         try:
             frame = None if self.closed() else encode()
         except BaseException:

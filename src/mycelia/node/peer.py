@@ -277,8 +277,10 @@ class PeerConnection:
         this raises ConnectionClosed)."""
         if self._gone():
             raise ConnectionClosed("the connection closed")
-        put = self._outgoing.put(size, lambda: encode_frame(msg), slot=_RESERVED.get())
-        await self._wait_room(put)
+        slot = _RESERVED.get()
+        if self._outgoing.put_now(size, lambda: encode_frame(msg), slot=slot):
+            return  # room was there: no waiting task (most sends, one per push)
+        await self._wait_room(self._outgoing.put(size, lambda: encode_frame(msg), slot=slot))
 
     async def _wait_room(self, waiting: Coroutine[object, object, None]) -> None:
         """Run ``waiting`` (it waits for room in the budgets); cut the peer off if it
