@@ -272,3 +272,44 @@ async def test_another_nodes_commits_arrive_as_its_own_change_sets_in_feed_order
 async def test_a_node_on_a_store_only_it_writes_follows_no_feed() -> None:
     assert not follows(MemoryStorage())
     assert follows(PostgresStorage("postgresql://unused"))
+
+
+
+async def test_following_its_own_commits_costs_a_node_no_query(
+    pg_schemas: PostgresSchemas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine answers the follower's read of rows it wrote itself from memory, and its
+    wait, while listening, without a query (before: two feed reads and a clock read per
+    commit, on every server, for every commit it made)."""
+    a, b, first, second = await open_pair(pg_schemas)
+    try:
+        entity = await create(a, "mine")
+        follower = a._feed
+        assert follower is not None
+        fetched: list[str] = []
+        fetch = first._fetch
+
+        async def counted(name: str, *args: Any, **kwargs: Any) -> Any:
+            fetched.append(name)
+            return await fetch(name, *args, **kwargs)
+
+        monkeypatch.setattr(first, "_fetch", counted)
+        for n in range(1, 21):
+            await set_n(a, entity, n)
+        last = await second.last_offset()
+
+        async def caught_up() -> bool:
+            return follower.offset == last
+
+        await until(a, caught_up)
+        assert [f for f in fetched if f in ("feed", "last")] == [], "it read its own rows back"
+        live = await b.context().query(Card, "").__aenter__()  # the other node reads them
+
+        async def shows_20() -> bool:
+            return [c.n for c in live.items] == [20]
+
+        await until(b, shows_20)
+        await live.close()
+    finally:
+        await a.close()
+        await b.close()

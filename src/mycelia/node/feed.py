@@ -5,8 +5,11 @@ A store that several processes write (PostgreSQL) tells each of them about the o
 commits only through its change feed. A node on such a store runs one
 :class:`FeedFollower` from the feed offset it opened at:
 
-- it reads the feed in batches (``read_since``) and, at the end of it, waits with
-  ``wait_for_feed`` (a NOTIFY wakes it; a lost one costs a poll interval, never a commit);
+- it reads the feed in batches (``read_since``) and, once a batch is short (the end of
+  the feed), waits with ``wait_for_feed`` (a NOTIFY wakes it; a lost one costs a poll
+  interval, never a commit). The PostgreSQL engine answers a read of rows it wrote itself
+  from memory, and a wait while it listens without a query, so following this node's own
+  commits costs no round trip;
 - it remembers the last head it knows this node reported for each entity (its own
   commits' and its own refreshes', heard through :meth:`FeedFollower.reported`); a row at
   that head costs nothing more — this node's own writes, mostly;
@@ -159,7 +162,10 @@ class FeedFollower:
         backoff = MIN_BACKOFF
         while True:
             try:
-                await self.step()
+                rows = await self._store.read_since(self.offset, limit=self._batch)
+                await self._report(rows)
+                if len(rows) < self._batch:  # read to the end: nothing more until it moves
+                    await self._store.wait_for_feed(self.offset, timeout=IDLE)
             except StorageError as exc:
                 log.warning("reading the change feed failed (%s); retrying in %gs", exc, backoff)
                 await asyncio.sleep(backoff)  # a retry back-off, not a wait for a condition
@@ -173,6 +179,11 @@ class FeedFollower:
         rows = await self._store.read_since(self.offset, limit=self._batch)
         if not rows:
             await self._store.wait_for_feed(self.offset, timeout=IDLE)
+        return await self._report(rows)
+
+    async def _report(self, rows: Sequence[FeedEntry]) -> list[EntityChange]:
+        """Report ``rows`` and move past them (see :meth:`step`)."""
+        if not rows:
             return []
         try:
             changes = await self.apply(rows)

@@ -75,7 +75,7 @@ import asyncio
 import hashlib
 import logging
 import re
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, cast
@@ -141,6 +141,8 @@ _JOIN_AHEAD: Final = 8
 """Most ancestors read ahead per step of a join's comparison (see ``_Events``)."""
 _ATTEMPTS: Final = 5
 """Runs of a write transaction that PostgreSQL aborted to break a deadlock."""
+_WRITTEN: Final = 4096
+"""Feed rows of its own writes an engine keeps, to answer ``read_since`` without a query."""
 
 
 async def _new_ids(cursor: psycopg.AsyncCursor[Any]) -> frozenset[EventId]:
@@ -216,10 +218,16 @@ class PostgresStorage:
         self._connect_timeout = connect_timeout
         self._q = {k: sql.SQL(v).format(s=sql.Identifier(schema)) for k, v in QUERIES.items()}
         self._pool: AsyncConnectionPool[Any] | None = None
-        self._listener = FeedListener(dsn, self.channel, poll_interval=poll_interval)
+        self._listener = FeedListener(
+            dsn, self.channel, clock=self.last_offset, poll_interval=poll_interval
+        )
         self._recent = RecentEvents()
         """Events this engine wrote or read lately (:mod:`mycelia.storage.recent`): a walk
         or a client's request for the last few events of an entity costs no round trip."""
+        self._written: OrderedDict[int, FeedEntry] = OrderedDict()
+        """The feed rows this engine wrote lately, by offset (at most :data:`_WRITTEN`):
+        ``read_since`` answers a run of them without a query (a node's follower reads its
+        own commits back so)."""
         self._opening = asyncio.Lock()
         self._closed = False
 
@@ -443,6 +451,14 @@ class PostgresStorage:
         """Feed rows after ``offset``, ascending, at most ``limit`` (never skipping one)."""
         if limit <= 0:
             return []
+        written: list[FeedEntry] = []
+        while (
+            len(written) < limit
+            and (row := self._written.get(offset + 1 + len(written))) is not None
+        ):
+            written.append(row)
+        if written:
+            return written  # rows never change once committed: these are the stored ones
         rows = await self._fetch("feed", (offset, limit))
         return [FeedEntry(o, EntityId._trusted(e), c, clock(h)) for o, e, c, h in rows]
 
@@ -532,7 +548,7 @@ class PostgresStorage:
         transaction is open meanwhile), then written in **one transaction** that first
         locks the feed clock and checks ``if_offset`` (see the module docstring).
         """
-        total = 0
+        total, last = 0, 0
         with Spill() as spill:
             async for batch in load_batches(records):
                 total += len(batch.events)
@@ -546,11 +562,14 @@ class PostgresStorage:
                         events, states, meta = cast("list[Any]", item)
                         if events[0]:
                             await conn.execute(self._q["insert_events"], events)
-                        await self._insert_states(conn, states)
+                        feed = await self._insert_states(conn, states)
+                        if feed is not None:
+                            last = (await _offsets(feed, 1))[0]
                         await self._write_meta(conn, meta)
             except (psycopg.Error, PoolTimeout) as exc:
                 raise _translate(exc, "PostgreSQL load failed") from exc
-        self._listener.wake()
+        if last:
+            self._listener.announce(last)
         return total
 
     async def _lock_feed(self, conn: psycopg.AsyncConnection[Any], if_offset: int | None) -> None:
@@ -602,8 +621,16 @@ class PostgresStorage:
                 raise _translate(exc, "PostgreSQL write failed") from exc
         self._recent.remember(batch.events)
         if offsets:
+            self._note_written(rows, offsets)
             self._listener.announce(offsets[-1])
         return WriteResult(new, offsets)
+
+    def _note_written(self, rows: Sequence[StateRow], offsets: Sequence[int]) -> None:
+        for row, offset in zip(rows, offsets, strict=True):
+            entity = EntityId._trusted(row[0])
+            self._written[offset] = FeedEntry(offset, entity, row[1], clock(row[5]))
+        while len(self._written) > _WRITTEN:
+            self._written.popitem(last=False)
 
     async def _insert_events(
         self, conn: psycopg.AsyncConnection[Any], events: Sequence[AdmittedEvent]
@@ -696,7 +723,8 @@ class PostgresStorage:
         if keys:
             await conn.execute(self._q["insert_keys"], key_columns(keys))
         feed = {"e": [r[0] for r in rows], "c": [r[1] for r in rows], "h": [r[5] for r in rows]}
-        return await conn.execute(self._q["append_feed"], {**feed, "channel": self.channel})
+        notify = {"channel": self.channel, "writer": self._listener.writer}
+        return await conn.execute(self._q["append_feed"], {**feed, **notify})
 
     async def _write_meta(
         self, conn: psycopg.AsyncConnection[Any], meta: Sequence[tuple[str, bytes | None]]

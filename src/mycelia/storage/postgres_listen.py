@@ -1,16 +1,24 @@
 """The PostgreSQL change feed's wake-up: ``LISTEN`` on the feed's channel (ARCHITECTURE.md §6).
 
-Every write batch with states notifies its last feed offset on commit. A
-:class:`FeedListener` keeps one connection listening and turns notifications into
-wake-ups for :meth:`FeedListener.wait`. Invariants:
+Every write batch with states notifies its last feed offset on commit, with the id of
+the engine that wrote it (``"<offset> <writer>"``). A :class:`FeedListener` keeps one
+connection listening and turns notifications into wake-ups for :meth:`FeedListener.wait`.
+Invariants:
 
-- The wake is a **hint only**. A waiter re-checks the clock and polls every
-  ``poll_interval`` seconds, so a lost notification (a dropped connection, a proxy or a
-  PostgreSQL-compatible server without ``NOTIFY``) costs latency, never data.
+- The wake is a **hint only**. A waiter asks the server for the clock whenever it could
+  have missed a notification — while not listening, when it waits below the clock read
+  as the connection started listening (:attr:`FeedListener.heard_from`: every offset above
+  it notifies this connection), and every ``poll_interval`` seconds without a wake — so a
+  lost notification (a dropped connection, a proxy or a PostgreSQL-compatible server
+  without ``NOTIFY``) costs latency, never data. Otherwise it waits without a query: a
+  node's follower then costs no query for its own commits.
 - :attr:`FeedListener.notified` is the largest offset announced (by a notification, or by
   this engine's own write through :meth:`FeedListener.announce`). Offsets commit in order
   (the feed clock row serialises writers), so every offset up to it is committed: a waiter
   below it returns at once, without asking the server.
+- An engine's own writes wake its waiters through :meth:`FeedListener.announce`, once the
+  write has returned (and the engine has noted its feed rows), never through their
+  notification, which may arrive first: it is ignored.
 - A lost listening connection is re-established with exponential back-off (from the poll
   interval up to :data:`MAX_BACKOFF`), logged once per loss; meanwhile waiters poll. Once
   listening again it wakes every waiter: something may have committed meanwhile.
@@ -21,11 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Final
 
 import psycopg
 from psycopg import sql
+
+from mycelia.errors import StorageError
 
 __all__ = ["MAX_BACKOFF", "FeedListener"]
 
@@ -38,13 +49,26 @@ MAX_BACKOFF: Final = 30.0
 class FeedListener:
     """One ``LISTEN`` connection's wake-ups for feed waiters (see the module docstring)."""
 
-    def __init__(self, dsn: str, channel: str, *, poll_interval: float) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        channel: str,
+        *,
+        clock: Callable[[], Awaitable[int]],
+        poll_interval: float,
+    ) -> None:
         self.dsn = dsn
         self.channel = channel
         self.notified = 0
         self.pid: int | None = None
         """The backend process id of the listening connection (``None`` while not
         listening): operators and tests can find it in ``pg_stat_activity``."""
+        self.heard_from: int | None = None
+        """The feed clock read once this connection listened: every offset above it is
+        notified to it (``None`` while not listening)."""
+        self._clock = clock
+        self.writer = secrets.token_hex(8)
+        """The id this engine's writes sign their notifications with."""
         self._poll = poll_interval
         self._news = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -64,10 +88,6 @@ class FeedListener:
         self.notified = max(self.notified, offset)
         self._wake()
 
-    def wake(self) -> None:
-        """Wake every waiter (they re-check the feed)."""
-        self._wake()
-
     async def wait(
         self, offset: int, *, timeout: float, last_offset: Callable[[], Awaitable[int]]
     ) -> bool:
@@ -75,14 +95,16 @@ class FeedListener:
         returns whether there is one. ``last_offset`` reads the clock (polling)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        ask = not self._hears_beyond(offset)
         while True:
             news = self._news  # taken before reading, so a wake in between is not missed
             if self.notified > offset:
                 return True
-            last = await last_offset()
-            if last > offset:
-                self.notified = max(self.notified, last)
-                return True
+            if ask:
+                last = await last_offset()
+                if last > offset:
+                    self.notified = max(self.notified, last)
+                    return True
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
@@ -90,7 +112,13 @@ class FeedListener:
                 async with asyncio.timeout(min(remaining, self._poll)):
                     await news.wait()
             except TimeoutError:
-                pass
+                ask = True  # a poll interval without a wake: a notification may be lost
+            else:
+                ask = not self._hears_beyond(offset)
+
+    def _hears_beyond(self, offset: int) -> bool:
+        """Whether every commit beyond ``offset`` is notified to the listening connection."""
+        return self.heard_from is not None and offset >= self.heard_from
 
     async def close(self) -> None:
         """Stop listening."""
@@ -98,7 +126,7 @@ class FeedListener:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        self.pid = None
+        self.pid = self.heard_from = None
 
     def _wake(self) -> None:
         news, self._news = self._news, asyncio.Event()
@@ -111,22 +139,31 @@ class FeedListener:
                 conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
                 async with conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    # the clock, read once listening (through the engine, so this
+                    # connection's activity stays LISTEN, as operators look for it)
+                    last = await self._clock()
+                    self.notified = max(self.notified, last)  # committed, all of it
+                    self.heard_from = last
                     self.pid = conn.info.backend_pid
                     listening.set()
                     backoff = self._poll
                     self._wake()  # something may have committed while we were not listening
                     async for notification in conn.notifies():
                         self._heard(notification.payload)
-            except psycopg.Error as exc:
+            except (psycopg.Error, StorageError) as exc:
                 log.warning(
                     "feed listener on %s failed (%s); polling every %gs until it is back",
                     self.channel, exc, self._poll,
                 )  # fmt: skip
-            self.pid = None
+            self.pid = self.heard_from = None
+            self._wake()  # waiters ask the server from now on
             await asyncio.sleep(backoff)  # a reconnect back-off, not a wait for a condition
             backoff = min(backoff * 2, MAX_BACKOFF)
 
     def _heard(self, payload: str) -> None:
+        offset, _, writer = payload.partition(" ")
+        if writer == self.writer:
+            return  # this engine's own write: announce() tells of it once it has returned
         with contextlib.suppress(ValueError):  # not an offset: still a hint that something moved
-            self.notified = max(self.notified, int(payload))
+            self.notified = max(self.notified, int(offset))
         self._wake()

@@ -106,7 +106,7 @@ _STATEMENTS: Final = {
             SELECT clock.last - cardinality(%(e)b::bytea[]) + r.n, r.e, r.c, r.h
             FROM clock, unnest(%(e)b::bytea[], %(c)s::text[], %(h)b::bytea[])
                 WITH ORDINALITY AS r(e, c, h, n))
-        SELECT last, pg_notify(%(channel)s, last::text) FROM clock""",
+        SELECT last, pg_notify(%(channel)s, last::text || ' ' || %(writer)s) FROM clock""",
     "delete_keys": "DELETE FROM {s}.field_keys WHERE entity_id = ANY(%b::bytea[])",
     "insert_keys": """INSERT INTO {s}.field_keys (entity_id, field, collection, key)
         SELECT * FROM unnest(%b::bytea[], %b::bytea[], %s::text[], %b::bytea[])""",
