@@ -274,7 +274,6 @@ async def test_a_node_on_a_store_only_it_writes_follows_no_feed() -> None:
     assert follows(PostgresStorage("postgresql://unused"))
 
 
-
 async def test_following_its_own_commits_costs_a_node_no_query(
     pg_schemas: PostgresSchemas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
