@@ -480,7 +480,7 @@ class PostgresStorage:
     async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:
         """Wait for a feed row beyond ``offset`` (NOTIFY wakes it early; polls otherwise)."""
         await self._ready()
-        return await self._listener.wait(offset, timeout=timeout, last_offset=self.last_offset)
+        return await self._listener.wait(offset, timeout=timeout)
 
     # ------------------------------------------------------------------ several processes
 

@@ -57,6 +57,7 @@ class FeedListener:
         clock: Callable[[], Awaitable[int]],
         poll_interval: float,
     ) -> None:
+        """``clock`` reads the feed clock (the newest committed offset)."""
         self.dsn = dsn
         self.channel = channel
         self.notified = 0
@@ -88,11 +89,9 @@ class FeedListener:
         self.notified = max(self.notified, offset)
         self._wake()
 
-    async def wait(
-        self, offset: int, *, timeout: float, last_offset: Callable[[], Awaitable[int]]
-    ) -> bool:
+    async def wait(self, offset: int, *, timeout: float) -> bool:
         """Wait for a committed offset beyond ``offset``, at most ``timeout`` seconds;
-        returns whether there is one. ``last_offset`` reads the clock (polling)."""
+        returns whether there is one."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         ask = not self._hears_beyond(offset)
@@ -101,7 +100,7 @@ class FeedListener:
             if self.notified > offset:
                 return True
             if ask:
-                last = await last_offset()
+                last = await self._clock()
                 if last > offset:
                     self.notified = max(self.notified, last)
                     return True
