@@ -50,6 +50,19 @@ def events_never_sent(at_most: int | None = None) -> Iterator[list[GetEventsRequ
         yield asked
 
 
+def subscriptions_seen(monkeypatch: pytest.MonkeyPatch) -> list[SubscribeRequest]:
+    """From now on (for the test), the Subscribe requests the durable peer answers."""
+    seen: list[SubscribeRequest] = []
+    subscribe = Responder._subscribe
+
+    async def spied(self: Responder, peer: Peer, msg: SubscribeRequest) -> Message:
+        seen.append(msg)
+        return await subscribe(self, peer, msg)
+
+    monkeypatch.setattr(Responder, "_subscribe", spied)
+    return seen
+
+
 async def test_an_update_the_peer_cannot_fill_resubscribes_for_the_state_and_catches_up(
     in_process: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -63,14 +76,7 @@ async def test_an_update_the_peer_cannot_fill_resubscribes_for_the_state_and_cat
             return [d.turn for d in live.items] == [turn]
 
         await until(client, lambda: shows(0))
-        subscribed: list[SubscribeRequest] = []
-        subscribe = Responder._subscribe
-
-        async def spied(self: Responder, peer: Peer, msg: SubscribeRequest) -> Message:
-            subscribed.append(msg)
-            return await subscribe(self, peer, msg)
-
-        monkeypatch.setattr(Responder, "_subscribe", spied)
+        subscribed = subscriptions_seen(monkeypatch)
         with events_never_sent() as asked, dropped_deltas(every=1, at_most=1):
             for turn in (1, 2):  # the client loses the first update; the second has a gap
                 async with server_node.context().transaction() as trx:
@@ -112,14 +118,7 @@ async def test_a_subscription_answer_bridging_below_the_snapshot_held_asks_for_t
         await server_node.ingest((await fork.storage.events_of(dial))[-1:])
         want = (await server_node.context().get(Dial, dial)).head
         assert len(want) == 2
-        subscribed: list[SubscribeRequest] = []
-        subscribe = Responder._subscribe
-
-        async def spied(self: Responder, peer: Peer, msg: SubscribeRequest) -> Message:
-            subscribed.append(msg)
-            return await subscribe(self, peer, msg)
-
-        monkeypatch.setattr(Responder, "_subscribe", spied)
+        subscribed = subscriptions_seen(monkeypatch)
 
         async def merged() -> bool:
             return [d.head for d in live.items] == [want]

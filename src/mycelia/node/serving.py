@@ -156,7 +156,7 @@ class Responder:
         """Changes (entity, head after) made only of the peer's own events, not pushed yet."""
         self._heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
         """The node's heavy queries being evaluated (ARCHITECTURE.md §8)."""
-        self._answering: dict[int, Missed] = {}
+        self._answering: set[Missed] = set()
         """Per subscription being answered, the changes committed meanwhile (see
         :meth:`_subscribe`)."""
 
@@ -284,12 +284,12 @@ class Responder:
         # answer already held costs nothing). Before, an entity read just before such a
         # commit stayed behind on the peer until its next change.
         missed = Missed()
-        self._answering[id(missed)] = missed
+        self._answering.add(missed)
         try:
             deltas = self._deltas(peer, msg.collection, query, msg.known, members)
             response = await _paged_deltas(peer, msg.request_id, deltas)
         finally:
-            del self._answering[id(missed)]
+            self._answering.discard(missed)
         standing[msg.query_id] = _Standing(
             msg.query_id,
             msg.collection,
@@ -356,7 +356,7 @@ class Responder:
         """Queue ``changes`` for every subscribed peer (a change listener of the node),
         noting which of them are that peer's own commit (its feed consumes the note)."""
         size = changes_size(changes)
-        for missed in self._answering.values():
+        for missed in self._answering:
             missed.add(changes, size)
         for peer, feed in self._queues.items():
             if not self._subscriptions.get(peer):
