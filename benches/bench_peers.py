@@ -154,9 +154,14 @@ async def serve(data: Path, port: int, src: Path | None = None) -> asyncio.subpr
         stdout=asyncio.subprocess.PIPE, stderr=log, env=env,
     )  # fmt: skip
     assert process.stdout is not None
-    line = await asyncio.wait_for(process.stdout.readline(), 60)
-    if b"listening on" not in line and b"ws://" not in line:
-        raise RuntimeError(f"mycelia serve did not start: {line!r}")
+    try:
+        line = await asyncio.wait_for(process.stdout.readline(), 60)
+        if b"listening on" not in line and b"ws://" not in line:
+            raise RuntimeError(f"mycelia serve did not start: {line!r}")
+    except BaseException:
+        process.kill()
+        await process.wait()
+        raise
     return process
 
 

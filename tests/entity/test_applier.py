@@ -21,8 +21,10 @@ from mycelia.entity import (
     Residents,
     Snapshot,
 )
+from mycelia.entity import applier as applier_module
 from mycelia.entity.values import encode_value
 from mycelia.errors import CommitReverted, EventNotFound, PolicyDenied
+from mycelia.event_dag import missing
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import MemoryStorage
@@ -256,6 +258,44 @@ async def test_history_below_a_head_whose_link_is_out_of_reach_is_not_placed_as_
     entity = await applier.load(note)
     assert entity is not None
     assert entity.head == Clock([mine.id])
+
+
+async def test_an_event_naming_only_tips_of_the_head_is_placed_without_a_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a node that is no durable sole writer (here a cache), an event whose parents
+    are all tips of the head advances it in O(its parents); any other still takes the
+    walk, and both give the walk's answer."""
+    walks: list[Clock] = []
+    walk = missing
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        walks.append(args[1])
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(applier_module, "missing", counted)
+    a = await _server()
+    note = await _note(a, title="g")
+    applier, _ = await _applier(a)
+    await applier.ingest([e.event for e in await a.storage.events_of(note)])
+    genesis = await applier.load(note)
+    assert genesis is not None
+    x = _update(note, genesis.head, title="x")
+    y, z = _update(note, Clock([x.id]), rank=1), _update(note, Clock([x.id]), rank=2)
+    await applier.ingest([x])
+    await applier.ingest([y])
+    assert walks == []  # each named the head it landed on
+    await applier.ingest([z])  # names x, which y replaced: the walk places it beside y
+    assert walks == [Clock([z.id])]
+    merge = _update(note, Clock([y.id, z.id]), title="m")
+    await applier.ingest([merge])  # names both tips
+    assert (await applier.ingest([merge])).changes == []  # already stored: a no-op
+    assert len(walks) == 1
+    entity = await applier.load(note)
+    assert entity is not None
+    assert entity.head == Clock([merge.id])
+    assert entity.snapshot().values["title"] == "m"
+    assert entity.snapshot().values["rank"] == (1 if y.id > z.id else 2)  # same generation
 
 
 async def test_a_walk_that_needs_the_peer_s_history_still_asks_for_it() -> None:
