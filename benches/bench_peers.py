@@ -6,9 +6,11 @@ the measure, since absolute figures move from machine to machine. The generators
 imported from the peer script itself (standard library only), and the definitions are
 followed literally: the same seeds and sizes, one edit per transaction, the same harness
 shape (server in its own process, A and B in one process for W1 and W5, W3's clients in
-two client processes), one warm-up run then ``--runs`` measured runs, medians. Each
-workload runs on the peer and then at once on Mycelia, so that both sides of a ratio
-meet the same load on a shared machine.
+two client processes), one warm-up run then ``--runs`` measured runs, medians (a full
+garbage collection before each, outside the clock: one run's garbage is not the next
+one's work; a collection of a run's own objects inside it still counts). Each workload
+runs on the peer and then at once on Mycelia, so that both sides of a ratio meet the same
+load on a shared machine.
 
 Mycelia's server is a real ``mycelia serve`` process on LMDB (fsync on every commit
 group; open auth, no tokens: the peer has no authentication either; every event is still
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import importlib.util
 import json
@@ -323,6 +326,7 @@ async def repeat(
     """One warm-up run (index 0, discarded) unless disabled, then ``runs`` measured runs."""
     out: dict[str, list[float]] = {}
     for i in range(0 if sizes.warmup else 1, sizes.runs + 1):
+        gc.collect()  # the last run's garbage is not this run's work (outside the clock)
         t0 = time.perf_counter()
         figures = await run(i)
         kind = "warm-up" if i == 0 else f"run {i}/{sizes.runs}"
@@ -407,6 +411,7 @@ async def w2(peer: ModuleType, sizes: Sizes, workdir: Path) -> dict[str, list[fl
         build_s = time.perf_counter() - t0
         await live.close()
         await writer.close()
+        del pending, live, writer  # the fresh clients measured below hold none of this
         if errors:
             raise RuntimeError(f"W2 build: {len(errors)} commits failed, first: {errors[0]!r}")
         print(

@@ -23,9 +23,10 @@ from mycelia.entity import (
 )
 from mycelia.entity import applier as applier_module
 from mycelia.entity.values import encode_value
-from mycelia.errors import CommitReverted, EventNotFound, PolicyDenied
+from mycelia.errors import CommitReverted, DecodeError, EventNotFound, PolicyDenied
 from mycelia.event_dag import missing
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
+from mycelia.proto.codec import pack
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import MemoryStorage
 from mycelia.storage.testing import engine_content
@@ -296,6 +297,25 @@ async def test_an_event_naming_only_tips_of_the_head_is_placed_without_a_walk(
     assert entity.head == Clock([merge.id])
     assert entity.snapshot().values["title"] == "m"
     assert entity.snapshot().values["rank"] == (1 if y.id > z.id else 2)  # same generation
+
+
+async def test_an_event_whose_diff_names_no_property_is_refused_typed() -> None:
+    """Hostile input: a diff whose property is a list raised TypeError out of ingest."""
+    a = await _server()
+    note = await _note(a, title="g")
+    applier, store = await _applier(a, durable=True)
+    await applier.ingest([e.event for e in await a.storage.events_of(note)])
+    held = await applier.load(note)
+    assert held is not None
+    bad = Event.update(
+        entity_id=note,
+        collection="notes",
+        parent=held.head,
+        operations={"lww": [pack([[[1], b"\x01"]])]},
+    )
+    result = await applier.ingest([bad])
+    assert isinstance(result.errors[note], DecodeError)
+    assert await store.get_events([bad.id]) == {}
 
 
 async def test_a_walk_that_needs_the_peer_s_history_still_asks_for_it() -> None:

@@ -11,12 +11,13 @@ from hypothesis import strategies as st
 from pycrdt import Doc, Text
 
 from mycelia.entity.backends import LwwBackend, OpaqueBackend, TextBackend
-from mycelia.entity.backends.lww import encode_diff
+from mycelia.entity.backends.lww import decode_diff, encode_diff
 from mycelia.entity.backends.testing import check_backend
 from mycelia.entity.backends.text import ClientIds
 from mycelia.entity.values import encode_value
 from mycelia.errors import DecodeError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, Event
+from mycelia.proto.codec import pack
 from mycelia.testing.dags import DagShape, dag_shapes
 
 ENTITY = EntityId(b"\x05" * 32)
@@ -133,6 +134,17 @@ def test_a_causally_later_write_wins_even_with_a_smaller_id() -> None:
 def test_malformed_lww_state_is_a_decode_error(buffer: bytes) -> None:
     with pytest.raises(DecodeError):
         LwwBackend.from_state(buffer)
+
+
+@pytest.mark.parametrize("name", [[1], {"a": 1}, 7, b"p", None, ""])
+def test_a_property_that_is_no_name_is_a_decode_error(name: object) -> None:
+    """Hostile input: an unhashable "name" once escaped the decoders as a TypeError."""
+    LwwBackend.from_state(pack([1, [["p", b"\x01", 1, bytes(32)]]]))  # "p" is a known name
+    decode_diff(pack([["p", b"\x01"]]))
+    with pytest.raises(DecodeError):
+        decode_diff(pack([[name, b"\x01"]]))
+    with pytest.raises(DecodeError):
+        LwwBackend.from_state(pack([1, [[name, b"\x01", 1, bytes(32)]]]))
 
 
 def test_malformed_text_update_is_a_decode_error() -> None:

@@ -60,7 +60,11 @@ def encode_value(value: object) -> bytes:
 
 def decode_value(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> object:
     """Decode :func:`encode_value`'s output; raises DecodeError for anything else."""
+    value = unpack(data, limits=limits, what="value")
+    kind = type(value)
+    if kind is str or kind is bytes or kind is bool or value is None:
+        return value  # a plain scalar is its own canonical form (the common case)
     try:
-        return check_value(unpack(data, limits=limits, what="value"), limits=limits)
+        return check_value(value, limits=limits)
     except InvalidArgument as exc:
         raise DecodeError(str(exc)) from exc

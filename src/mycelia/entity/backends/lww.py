@@ -57,8 +57,21 @@ class LwwBackend:
             raise DecodeError(f"unknown lww state version {version!r}")
         entries: dict[str, _Entry] = {}
         for row in expect_list(rows, "lww entries"):
+            if (
+                type(row) is list
+                and len(row) == 4
+                and type(row[0]) is str
+                and row[0] in _NAMES
+                and type(row[1]) is bytes
+                and type(row[2]) is int
+                and row[2] >= 1
+                and type(row[3]) is bytes
+                and len(row[3]) == ID_LENGTH
+            ):
+                entries[row[0]] = (row[1], row[2], row[3])  # the common case: no call
+                continue
             prop, value, generation, writer = expect_list(row, "lww entry", length=4)
-            entries[expect_name(prop, "property")] = (
+            entries[_name(prop)] = (
                 expect_bytes(value, "value"),
                 expect_int(generation, "generation", minimum=1),
                 expect_bytes(writer, "writer", length=ID_LENGTH),
@@ -155,7 +168,15 @@ def encode_diff(writes: dict[str, bytes]) -> bytes:
     return pack([[p, writes[p]] for p in sorted(writes)])
 
 
-_NAMES: set[str] = set()  # property names already validated (bounded below)
+_NAMES: set[str] = set()  # property names already validated (bounded in _name)
+
+
+def _name(prop: object) -> str:
+    """``prop`` as a property name (DecodeError if it is none), remembered once valid."""
+    name = expect_name(prop, "property")
+    if len(_NAMES) < 4096:
+        _NAMES.add(name)
+    return name
 
 
 def decode_diff(diff: bytes) -> list[tuple[str, bytes]]:
@@ -163,12 +184,15 @@ def decode_diff(diff: bytes) -> list[tuple[str, bytes]]:
     rows = expect_list(unpack(diff, what="lww diff"), "lww diff")
     out = []
     for row in rows:
-        if type(row) is list and len(row) == 2 and type(row[1]) is bytes and row[0] in _NAMES:
+        if (
+            type(row) is list
+            and len(row) == 2
+            and type(row[0]) is str
+            and row[0] in _NAMES
+            and type(row[1]) is bytes
+        ):
             out.append((row[0], row[1]))  # the common case, already validated once
             continue
         prop, value = expect_list(row, "lww write", length=2)
-        name = expect_name(prop, "property")
-        out.append((name, expect_bytes(value, "value")))
-        if len(_NAMES) < 4096:
-            _NAMES.add(name)
+        out.append((_name(prop), expect_bytes(value, "value")))
     return out
