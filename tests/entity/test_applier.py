@@ -261,18 +261,17 @@ async def test_history_below_a_head_whose_link_is_out_of_reach_is_not_placed_as_
     assert entity.head == Clock([mine.id])
 
 
-async def test_an_event_naming_only_tips_of_the_head_is_placed_without_a_walk(
+async def test_an_event_above_the_head_is_placed_without_a_walk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On a node that is no durable sole writer (here a cache), an event whose parents
-    are all tips of the head advances it in O(its parents); any other still takes the
-    walk, and both give the walk's answer."""
+    """On a node that is no durable store (here a cache), an event whose parents are all
+    tips, or whose generation no tip exceeds, moves the head in O(its parents); an older
+    one still takes the walk. Each gets the walk's answer."""
     walks: list[Clock] = []
-    walk = missing
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         walks.append(args[1])
-        return walk(*args, **kwargs)
+        return missing(*args, **kwargs)
 
     monkeypatch.setattr(applier_module, "missing", counted)
     a = await _server()
@@ -283,20 +282,23 @@ async def test_an_event_naming_only_tips_of_the_head_is_placed_without_a_walk(
     assert genesis is not None
     x = _update(note, genesis.head, title="x")
     y, z = _update(note, Clock([x.id]), rank=1), _update(note, Clock([x.id]), rank=2)
+    late = _update(note, genesis.head, rank=3)  # as old as x: below y's generation
     await applier.ingest([x])
-    await applier.ingest([y])
-    assert walks == []  # each named the head it landed on
-    await applier.ingest([z])  # names x, which y replaced: the walk places it beside y
-    assert walks == [Clock([z.id])]
-    merge = _update(note, Clock([y.id, z.id]), title="m")
-    await applier.ingest([merge])  # names both tips
+    await applier.ingest([y])  # names the head
+    await applier.ingest([z])  # names x, which y replaced, but no tip is younger
+    assert walks == []
+    await applier.ingest([late])
+    assert walks == [Clock([late.id])]
+    merge = _update(note, Clock([y.id, z.id, late.id]), title="m")
+    await applier.ingest([merge])  # names every tip
     assert (await applier.ingest([merge])).changes == []  # already stored: a no-op
     assert len(walks) == 1
     entity = await applier.load(note)
     assert entity is not None
     assert entity.head == Clock([merge.id])
-    assert entity.snapshot().values["title"] == "m"
-    assert entity.snapshot().values["rank"] == (1 if y.id > z.id else 2)  # same generation
+    values = entity.snapshot().values
+    assert values["title"] == "m"
+    assert values["rank"] == (1 if y.id > z.id else 2)  # the later generation beats late's
 
 
 async def test_an_event_whose_diff_names_no_property_is_refused_typed() -> None:
