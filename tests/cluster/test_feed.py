@@ -274,6 +274,41 @@ async def test_a_node_on_a_store_only_it_writes_follows_no_feed() -> None:
     assert follows(PostgresStorage("postgresql://unused"))
 
 
+async def test_another_process_s_commit_costs_a_follower_one_query(
+    pg_schemas: PostgresSchemas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower reads the feed rows and the events their heads name in one query
+    (before: the rows, then the events, two round trips for every batch)."""
+    a, b, _, second = await open_pair(pg_schemas)
+    try:
+        entity = await create(a, "theirs")
+        live = await b.context().query(Card, "").__aenter__()  # resident on b: refreshed
+        shown = -1
+
+        async def shows() -> bool:
+            return [c.n for c in live.items] == [shown]
+
+        shown = 0
+        await until(b, shows)
+        fetched: list[str] = []
+        fetch = second._fetch
+
+        async def counted(name: str, *args: Any, **kwargs: Any) -> Any:
+            fetched.append(name)
+            return await fetch(name, *args, **kwargs)
+
+        monkeypatch.setattr(second, "_fetch", counted)
+        for shown in range(1, 11):
+            await set_n(a, entity, shown)
+            await until(b, shows)
+        await live.close()
+        assert "feed_heads" in fetched
+        assert [f for f in fetched if f in ("feed", "events", "ahead")] == []
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_following_its_own_commits_costs_a_node_no_query(
     pg_schemas: PostgresSchemas, monkeypatch: pytest.MonkeyPatch
 ) -> None:

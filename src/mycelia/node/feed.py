@@ -5,11 +5,12 @@ A store that several processes write (PostgreSQL) tells each of them about the o
 commits only through its change feed. A node on such a store runs one
 :class:`FeedFollower` from the feed offset it opened at:
 
-- it reads the feed in batches (``read_since``) and, once a batch is short (the end of
-  the feed), waits with ``wait_for_feed`` (a NOTIFY wakes it; a lost one costs a poll
-  interval, never a commit). The PostgreSQL engine answers a read of rows it wrote itself
-  from memory, and a wait while it listens without a query, so following this node's own
-  commits costs no round trip;
+- it reads the feed in batches (``read_feed``: the rows, with their heads' events in the
+  same query) and, once a batch is short (the end of the feed), waits with
+  ``wait_for_feed`` (a NOTIFY wakes it; a lost one costs a poll interval, never a
+  commit). The PostgreSQL engine answers a read of rows it wrote itself from memory, and
+  a wait while it listens without a query, so following this node's own commits costs no
+  round trip, and another process's commit one;
 - it remembers the last head it knows this node reported for each entity (its own
   commits' and its own refreshes', heard through :meth:`FeedFollower.reported`); a row at
   that head costs nothing more — this node's own writes, mostly;
@@ -48,11 +49,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeGuard
 
 from mycelia.entity import Entity, EntityChange, Residents, Snapshot
 from mycelia.entity.verdicts import head_after
-from mycelia.errors import EventNotFound, MyceliaError, StorageError
+from mycelia.errors import EventNotFound, InvalidArgument, MyceliaError, StorageError
 from mycelia.event_dag import DEFAULT_BUDGET, BudgetExceeded, missing
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId
 from mycelia.storage import FeedEntry
@@ -77,12 +78,17 @@ MAX_BACKOFF: Final = 5.0
 class FeedStore(Protocol):
     """What the follower reads: the feed, states and events (a storage engine)."""
 
-    async def read_since(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:
-        """Feed rows after ``offset``, ascending, at most ``limit``."""
+    async def read_feed(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:
+        """Feed rows after ``offset``, ascending, at most ``limit`` (their heads' events
+        read with them, so the :meth:`get_events` that follows costs no query)."""
         ...
 
     async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:
         """Wait for a feed row beyond ``offset``, at most ``timeout`` seconds."""
+        ...
+
+    async def last_offset(self) -> int:
+        """The newest offset (where a node that opens now starts following)."""
         ...
 
     async def get_states(self, ids: Collection[EntityId]) -> dict[EntityId, EntityState]:
@@ -96,10 +102,19 @@ class FeedStore(Protocol):
         ...
 
 
-def follows(storage: object) -> bool:
+def follows(storage: object) -> TypeGuard[FeedStore]:
     """Whether other processes may write ``storage``, so a node on it must follow its feed
-    (an engine says so with ``shared = True``)."""
-    return getattr(storage, "shared", False) is True
+    (an engine says so with ``shared = True``; InvalidArgument if it then cannot be
+    followed: a node on it would never hear of the other processes' commits)."""
+    if getattr(storage, "shared", False) is not True:
+        return False
+    missing_ = [m for m in ("read_feed", "wait_for_feed", "last_offset") if not hasattr(storage, m)]
+    if missing_:
+        raise InvalidArgument(
+            f"{type(storage).__name__} says it is shared (other processes write it) but "
+            f"has no {' or '.join(missing_)}: a node on it could not follow their commits"
+        )
+    return True
 
 
 class _NearBy:
@@ -162,7 +177,7 @@ class FeedFollower:
         backoff = MIN_BACKOFF
         while True:
             try:
-                rows = await self._store.read_since(self.offset, limit=self._batch)
+                rows = await self._store.read_feed(self.offset, limit=self._batch)
                 await self._report(rows)
                 if len(rows) < self._batch:  # read to the end: nothing more until it moves
                     await self._store.wait_for_feed(self.offset, timeout=IDLE)
@@ -176,7 +191,7 @@ class FeedFollower:
     async def step(self) -> list[EntityChange]:
         """Read one batch of the feed and report it (or wait for the feed to move);
         returns the changes reported. Raises StorageError, having reported nothing."""
-        rows = await self._store.read_since(self.offset, limit=self._batch)
+        rows = await self._store.read_feed(self.offset, limit=self._batch)
         if not rows:
             await self._store.wait_for_feed(self.offset, timeout=IDLE)
         return await self._report(rows)

@@ -143,6 +143,14 @@ _STATEMENTS: Final = {
         WHERE collection = %s""",
     "feed": """SELECT "offset", entity_id, collection, head FROM {s}.feed
         WHERE "offset" > %s ORDER BY "offset" LIMIT %s""",
+    "feed_heads": """WITH f AS (SELECT "offset", entity_id, collection, head FROM {s}.feed
+            WHERE "offset" > %s ORDER BY "offset" LIMIT %s)
+        SELECT f."offset", f.entity_id, f.collection, f.head, e.id, e.generation, e.body
+        FROM f LEFT JOIN LATERAL (
+            SELECT e.id, e.generation, e.body
+            FROM generate_series(0, length(f.head) / 32 - 1) AS i
+            JOIN {s}.events e ON e.id = substring(f.head FROM i * 32 + 1 FOR 32)) e ON true
+        ORDER BY f."offset", e.id""",
     "last": "SELECT last FROM {s}.feed_clock",
     "lock_clock": "SELECT last FROM {s}.feed_clock WHERE id = 1 FOR UPDATE",
     "meta": "SELECT value FROM {s}.meta WHERE key = %s",
