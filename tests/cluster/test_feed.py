@@ -53,6 +53,19 @@ async def create(node: Node, title: str) -> EntityId:
         return trx.create(Card, title=title, body="").id
 
 
+def queries_of(engine: PostgresStorage, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the statements ``engine`` runs from now on (for this test)."""
+    fetched: list[str] = []
+    fetch = engine._fetch
+
+    async def counted(name: str, *args: Any, **kwargs: Any) -> Any:
+        fetched.append(name)
+        return await fetch(name, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "_fetch", counted)
+    return fetched
+
+
 async def set_n(node: Node, entity: EntityId, n: int) -> None:
     async with node.context().transaction() as trx:
         (await trx.edit(Card, entity)).n = n
@@ -290,14 +303,7 @@ async def test_another_process_s_commit_costs_a_follower_one_query(
 
         shown = 0
         await until(b, shows)
-        fetched: list[str] = []
-        fetch = second._fetch
-
-        async def counted(name: str, *args: Any, **kwargs: Any) -> Any:
-            fetched.append(name)
-            return await fetch(name, *args, **kwargs)
-
-        monkeypatch.setattr(second, "_fetch", counted)
+        fetched = queries_of(second, monkeypatch)
         for shown in range(1, 11):
             await set_n(a, entity, shown)
             await until(b, shows)
@@ -320,14 +326,7 @@ async def test_following_its_own_commits_costs_a_node_no_query(
         entity = await create(a, "mine")
         follower = a._feed
         assert follower is not None
-        fetched: list[str] = []
-        fetch = first._fetch
-
-        async def counted(name: str, *args: Any, **kwargs: Any) -> Any:
-            fetched.append(name)
-            return await fetch(name, *args, **kwargs)
-
-        monkeypatch.setattr(first, "_fetch", counted)
+        fetched = queries_of(first, monkeypatch)
         for n in range(1, 21):
             await set_n(a, entity, n)
         last = await second.last_offset()
