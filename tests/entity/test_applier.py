@@ -301,6 +301,26 @@ async def test_an_event_above_the_head_is_placed_without_a_walk(
     assert values["rank"] == (1 if y.id > z.id else 2)  # the later generation beats late's
 
 
+async def test_a_cache_admits_an_event_naming_a_snapshot_tip_its_head_left() -> None:
+    """A cache never stores the events below a snapshot it took; a concurrent writer's
+    event naming the snapshot's tip, once the head moved on, was held and its parent
+    asked of the peer (half of all pushes with 200 clients editing at once)."""
+    a = await _server()
+    note = await _note(a, title="g")
+    await _edit(a, note, rank=1)
+    asked: list[EventId] = []
+    applier, _ = await _applier(a, remote=await a.storage.events_of(note), asked=asked)
+    _, held, _ = await _holding(applier, a, note)  # head [S], none of its events
+    x, y = _update(note, held.head, title="x"), _update(note, held.head, rank=2)
+    await applier.ingest([x])  # the head moves on to [x]
+    result = await applier.ingest([y])  # names S, no longer a tip
+    assert (result.errors, result.held, asked) == ({}, [], [])
+    entity = await applier.load(note)
+    assert entity is not None
+    assert entity.head == Clock([x.id, y.id])
+    assert (entity.snapshot().values["title"], entity.snapshot().values["rank"]) == ("x", 2)
+
+
 async def test_an_event_whose_diff_names_no_property_is_refused_typed() -> None:
     """Hostile input: a diff whose property is a list raised TypeError out of ingest."""
     a = await _server()

@@ -2,7 +2,9 @@
 
 History stays closed: an event is admitted only once every parent is known for the same
 entity — staged earlier in the batch (which is sorted parents first), stored, or named in
-the head of a snapshot this node holds (whose generations the snapshot carries). A parent
+the head of a snapshot this node holds or, on a cache, merged (``Entity.boundary``: whose
+generations the snapshot carries; a cache that took a snapshot never stores the events
+below it, and the others' concurrent edits name its tips long after its head moved on). A parent
 from another entity is refused; an event whose parents are unknown is returned as *held*
 with the ids it misses (the applier keeps it pending and reports them). A genesis must
 bind this node's system root (the root genesis binds none). The generation of an admitted
@@ -47,7 +49,7 @@ def admit(
     and, when ``atomic``, EventNotFound instead of holding anything.
     """
     outcome = Admission()
-    staging, head = outcome.staging, entity.head_map
+    staging, head, boundary = outcome.staging, entity.head_map, entity.boundary
     for event in group if len(group) == 1 else topological_sort(group):
         if event.id in known or event.id in staging:
             continue  # already here: a no-op
@@ -60,8 +62,8 @@ def admit(
             check_genesis(event, root)
             staging.stage(AdmittedEvent(event, 1))
             continue
-        generations, missing = _parent_generations(event, staging, known, head)
-        if missing and event.id in head:
+        generations, missing = _parent_generations(event, staging, known, head, boundary)
+        if missing and (event.id in head or event.id in boundary):
             continue  # a snapshot's head event, its history still unknown: a no-op
         if missing:
             if atomic:
@@ -126,6 +128,7 @@ def _parent_generations(
     staging: StagingMap,
     known: Mapping[EventId, AdmittedEvent],
     head: Mapping[EventId, int],
+    boundary: Mapping[EventId, int],
 ) -> tuple[list[int], list[EventId]]:
     """The known parents' generations and the unknown parents' ids."""
     generations, missing = [], []
@@ -137,6 +140,8 @@ def _parent_generations(
             generations.append(found.generation)
         elif parent in head:
             generations.append(head[parent])
+        elif parent in boundary:
+            generations.append(boundary[parent])
         else:
             missing.append(parent)
     return generations, missing

@@ -549,6 +549,7 @@ class Applier:
             )
         if entity is None or not entity.exists:
             fresh = Entity.from_state(incoming)
+            self._below_snapshot(fresh, incoming)
             before = Entity.empty(entity_id, incoming.collection).snapshot()
             self._residents.put(fresh)
             return Plan(fresh, before, [], [], set(fresh.values()), snapshot=True)
@@ -557,6 +558,7 @@ class Applier:
             changed = entity.merge_state(incoming)
             entity.set_head(incoming.state.head_generations())
             entity.history_closed = None  # the snapshot's tips may not be stored here
+            self._below_snapshot(entity, incoming)
             self._residents.put(entity)
             return Plan(entity, before, [], [], changed, snapshot=True)
         getter = self._getter(entity_id, StagingMap())
@@ -573,8 +575,17 @@ class Applier:
         changed = entity.merge_state(incoming)
         entity.set_head(head)
         entity.history_closed = None  # the snapshot's tips may not be stored here
+        self._below_snapshot(entity, incoming)
         self._residents.put(entity)
         return Plan(entity, before, fetched(getter), [], changed, snapshot=True)
+
+    def _below_snapshot(self, entity: Entity, incoming: EntityState) -> None:
+        """On a cache, remember a merged snapshot's tips as known history (``boundary``):
+        the events below a snapshot are never stored here, and other writers' concurrent
+        events name those tips long after the head moved on (each was held and its parent
+        fetched: half of all pushes with 200 clients editing at once)."""
+        if not self._durable:
+            entity.mark_boundary(incoming.state.head_generations())
 
     async def reset(
         self,
@@ -599,6 +610,7 @@ class Applier:
                 self._epochs[entity_id] = self._epochs.get(entity_id, 0) + 1
                 if state is not None:
                     entity = Entity.from_state(state)
+                    self._below_snapshot(entity, state)
                 elif current is not None:
                     entity = Entity.empty(entity_id, current.collection)
                 else:

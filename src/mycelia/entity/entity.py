@@ -15,6 +15,10 @@ Invariants:
   and generations are kept sorted by insertion (C-speed tuple copies), never re-sorted.
 - ``history_closed`` says whether every tip of the head is a stored event (``None``:
   not known yet). The applier sets it; only then may it place a new event with no walk.
+- ``boundary`` holds the tips of the snapshots a cache merged (id → generation, the last
+  :data:`BOUNDARY` of them): events in the history that the cache may never store. An
+  event naming one is admitted like one naming a tip (the applier keeps it; empty on a
+  durable node).
 - Text client ids come only from the :class:`ClientIds` the entity carries (given at
   construction, handed on to its forks): a text backend created lazily on it draws from
   them. An entity without them (a resident, a decoded state) holds replica text, which
@@ -32,8 +36,10 @@ from typing import Final
 from mycelia.entity.backends import Backend, ClientIds, LwwBackend, OpaqueBackend, TextBackend
 from mycelia.proto import AdmittedEvent, Clock, Deferred, EntityId, EntityState, EventId, State
 
-__all__ = ["DELETED", "KNOWN_BACKENDS", "Entity", "Snapshot"]
+__all__ = ["BOUNDARY", "DELETED", "KNOWN_BACKENDS", "Entity", "Snapshot"]
 
+BOUNDARY: Final = 64
+"""Merged snapshots' tips an entity remembers (see ``boundary`` in the module)."""
 DELETED: Final = "_deleted"
 """The reserved LWW property a deletion sets (a tombstone; no model field may use it)."""
 
@@ -73,6 +79,7 @@ class Entity:
         "_head",
         "_snapshot",
         "_text_ids",
+        "boundary",
         "collection",
         "entity_id",
         "history_closed",
@@ -96,6 +103,7 @@ class Entity:
         self._gens: tuple[int, ...] = ()  # the generations of the clock's ids, aligned
         self._text_ids = text_ids  # where a text backend created here gets its client id
         self.history_closed: bool | None = None  # every tip stored? (None: not known yet)
+        self.boundary: dict[EventId, int] = {}  # merged snapshots' tips (see the module)
 
     @classmethod
     def empty(
@@ -175,6 +183,15 @@ class Entity:
             mine = self.backend(name)
             changed |= mine.merge(theirs)
         return changed
+
+    def mark_boundary(self, head: Mapping[EventId, int]) -> None:
+        """Remember a merged snapshot's tips as history this node may not store (at most
+        :data:`BOUNDARY`, the oldest forgotten first: an event naming a forgotten one is
+        only held until its parents are fetched)."""
+        boundary = self.boundary
+        boundary.update(head)
+        while len(boundary) > BOUNDARY:
+            del boundary[next(iter(boundary))]
 
     def set_head(self, head: Mapping[EventId, int]) -> None:
         """Replace the head (the applier passes a comparison's ``merged_head``)."""
