@@ -13,7 +13,7 @@ import pytest
 from mycelia import EntityId, Node
 from mycelia.entity import Entity, EntityChange, Residents
 from mycelia.entity.verdicts import head_after
-from mycelia.errors import EntityNotFound
+from mycelia.errors import EntityNotFound, InvalidArgument
 from mycelia.node.feed import FeedFollower, follows
 from mycelia.node.inprocess import InProcessServer
 from mycelia.proto import AdmittedEvent, Clock
@@ -285,6 +285,18 @@ async def test_another_nodes_commits_arrive_as_its_own_change_sets_in_feed_order
 async def test_a_node_on_a_store_only_it_writes_follows_no_feed() -> None:
     assert not follows(MemoryStorage())
     assert follows(PostgresStorage("postgresql://unused"))
+
+
+async def test_a_shared_store_that_cannot_be_followed_is_refused() -> None:
+    """A node on it would silently never hear of the other processes' commits."""
+
+    class Shared(MemoryStorage):
+        shared = True
+
+    with pytest.raises(InvalidArgument, match="read_feed"):
+        follows(Shared())
+    with pytest.raises(InvalidArgument, match="read_feed"):
+        await Node.open(Shared(), durable=True)
 
 
 async def test_another_process_s_commit_costs_a_follower_one_query(

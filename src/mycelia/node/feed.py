@@ -108,11 +108,11 @@ def follows(storage: object) -> TypeGuard[FeedStore]:
     followed: a node on it would never hear of the other processes' commits)."""
     if getattr(storage, "shared", False) is not True:
         return False
-    missing_ = [m for m in ("read_feed", "wait_for_feed", "last_offset") if not hasattr(storage, m)]
-    if missing_:
+    lacking = [m for m in ("read_feed", "wait_for_feed", "last_offset") if not hasattr(storage, m)]
+    if lacking:
         raise InvalidArgument(
             f"{type(storage).__name__} says it is shared (other processes write it) but "
-            f"has no {' or '.join(missing_)}: a node on it could not follow their commits"
+            f"has no {' or '.join(lacking)}: a node on it could not follow their commits"
         )
     return True
 
