@@ -86,6 +86,20 @@ async def _applier(
     return applier, store
 
 
+async def _with_note(
+    *, durable: bool = False
+) -> tuple[Node, EntityId, Applier, MemoryStorage, Entity]:
+    """A server with one note, and an applier (on a fresh store) that holds the note's
+    events: the server, the note, the applier, its store and the entity it holds."""
+    a = await _server()
+    note = await _note(a, title="g")
+    applier, store = await _applier(a, durable=durable)
+    await applier.ingest([e.event for e in await a.storage.events_of(note)])
+    held = await applier.load(note)
+    assert held is not None
+    return a, note, applier, store, held
+
+
 async def _holding(
     applier: Applier, server: Node, note: EntityId
 ) -> tuple[EntityState, Entity, ForkBase]:
@@ -166,12 +180,7 @@ async def test_a_commit_forked_before_a_reset_of_its_entity_is_refused() -> None
 
 
 async def test_a_refusing_check_leaves_nothing_in_memory_or_storage() -> None:
-    a = await _server()
-    note = await _note(a, title="g")
-    applier, store = await _applier(a, durable=True)
-    await applier.ingest([e.event for e in await a.storage.events_of(note)])
-    held = await applier.load(note)
-    assert held is not None
+    _, note, applier, store, held = await _with_note(durable=True)
     before = await engine_content(store)
 
     def refuse(before: Snapshot, after: Snapshot, event: AdmittedEvent) -> None:
@@ -203,10 +212,7 @@ async def test_listeners_hear_of_each_write_in_commit_order() -> None:
 
 
 async def test_grouped_commits_are_each_checked_against_their_own_before_and_after() -> None:
-    a = await _server()
-    note = await _note(a, title="g")
-    applier, store = await _applier(a, durable=True)
-    await applier.ingest([e.event for e in await a.storage.events_of(note)])
+    a, note, applier, store, _ = await _with_note(durable=True)
     head = Clock([(await a.storage.events_of(note))[-1].id])
     bad = _update(note, head, title="refused")
     good = _update(note, Clock([bad.id]), title="fine")
@@ -274,12 +280,7 @@ async def test_an_event_above_the_head_is_placed_without_a_walk(
         return missing(*args, **kwargs)
 
     monkeypatch.setattr(applier_module, "missing", counted)
-    a = await _server()
-    note = await _note(a, title="g")
-    applier, _ = await _applier(a)
-    await applier.ingest([e.event for e in await a.storage.events_of(note)])
-    genesis = await applier.load(note)
-    assert genesis is not None
+    _, note, applier, _, genesis = await _with_note()
     x = _update(note, genesis.head, title="x")
     y, z = _update(note, Clock([x.id]), rank=1), _update(note, Clock([x.id]), rank=2)
     late = _update(note, genesis.head, rank=3)  # as old as x: below y's generation
@@ -323,12 +324,7 @@ async def test_a_cache_admits_an_event_naming_a_snapshot_tip_its_head_left() -> 
 
 async def test_an_event_whose_diff_names_no_property_is_refused_typed() -> None:
     """Hostile input: a diff whose property is a list raised TypeError out of ingest."""
-    a = await _server()
-    note = await _note(a, title="g")
-    applier, store = await _applier(a, durable=True)
-    await applier.ingest([e.event for e in await a.storage.events_of(note)])
-    held = await applier.load(note)
-    assert held is not None
+    _, note, applier, store, held = await _with_note(durable=True)
     bad = Event.update(
         entity_id=note,
         collection="notes",
@@ -360,10 +356,7 @@ async def test_a_walk_that_needs_the_peer_s_history_still_asks_for_it() -> None:
 
 
 async def test_forgetting_an_entity_in_a_write_drops_it_whole() -> None:
-    a = await _server()
-    note = await _note(a, title="g")
-    applier, store = await _applier(a, durable=True)
-    await applier.ingest([e.event for e in await a.storage.events_of(note)])
+    _, note, _, store, _ = await _with_note(durable=True)
     await store.write(WriteBatch(forget=(note,)))
     assert await store.get_state(note) is None
     assert await store.events_of(note) == []

@@ -59,7 +59,14 @@ from mycelia.entity.runs import (
     differing,
     fetched,
 )
-from mycelia.entity.verdicts import Action, action_for, head_after, rejection
+from mycelia.entity.verdicts import (
+    Action,
+    above_head,
+    action_for,
+    extends_head,
+    head_after,
+    rejection,
+)
 from mycelia.errors import CommitReverted, InvalidEvent, MyceliaError, PayloadTooLarge
 from mycelia.event_dag import DEFAULT_BUDGET, missing
 from mycelia.proto import (
@@ -362,22 +369,7 @@ class Applier:
             parents = {p for e in staged for p in e.parent}
             entity.history_closed = True
             return staged, {e.id: e.generation for e in staged if e.id not in parents}
-        if _extends(entity.head, staged):
-            # Each staged event names only tips of the head or other staged events: it
-            # descends from the head (and from no other tip: the head is an antichain) and
-            # is in no one's history yet, so the head just advances past them — what the
-            # walk below would conclude, in O(their parents). A live edit pushed to a
-            # subscriber nearly always names the head it is placed on.
-            return staged, None
-        if self._sole_writer and _above(entity.head_map, staged):
-            # No tip is of a later generation than a staged event, so none descends from
-            # one (a descendant's generation is larger): no staged event is in the head's
-            # history. A tip it descends from can only be one it names (or one a staged
-            # event it descends from names): through a parent in the history, the tip
-            # would lie below another tip. Only where this node alone writes the store,
-            # so that every event it holds is in the resident's history (ARCHITECTURE.md
-            # §4). The head advances past them: no walk, O(their parents) — the common
-            # case of concurrent writers' events reaching a subscriber one at a time.
+        if extends_head(entity.head, staged):  # a live edit pushed to a subscriber
             return staged, None
         if self._sole_writer and self._durable and await self._history_closed(entity):
             # Where storage is definitive and every tip of the head is a stored event, an
@@ -389,6 +381,8 @@ class Applier:
             # concurrent writers costs nothing per event (ARCHITECTURE.md §4). Not where
             # other processes write the store: a parent may be their event, stored but
             # not in this resident yet, whose effect only the walk brings in.
+            return staged, None
+        if self._sole_writer and above_head(entity.head_map, staged):  # a cache's, mostly
             return staged, None
         # A subject-side walk: the events the head lacks, without walking the head's own
         # branches (admission already keeps foreign lineage out: parents are this entity's).
@@ -628,27 +622,6 @@ class Applier:
                 changed = differing(before, entity)
                 run.add(Plan(entity, before, mine, mine, changed, snapshot=True))
         return result
-
-
-def _extends(head: Clock, staged: Sequence[AdmittedEvent]) -> bool:
-    """Whether ``staged`` (parents first, none a genesis) only extends ``head``: every
-    parent a tip of it or another staged event, and no staged event a tip already."""
-    ids = {e.id for e in staged}
-    for event in staged:
-        parents = event.parent
-        if not parents or event.id in head:
-            return False
-        for parent in parents:
-            if parent not in ids and parent not in head:
-                return False
-    return True
-
-
-def _above(head: Mapping[EventId, int], staged: Sequence[AdmittedEvent]) -> bool:
-    """Whether every staged event is of a generation no tip of ``head`` exceeds (none a tip
-    itself)."""
-    top = max(head.values())
-    return all(e.generation >= top and e.id not in head for e in staged)
 
 
 def _ignore(changes: list[EntityChange]) -> None:

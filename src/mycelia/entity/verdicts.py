@@ -2,13 +2,14 @@
 
 :data:`VERDICTS` is the one table that decides whether staged events are applied,
 ignored or refused; :func:`head_after` computes the head once the events the head lacked
-are applied.
+are applied. :func:`extends_head` and :func:`above_head` are the two shapes where that head
+is known without a comparison, in O(the events' parents) (ARCHITECTURE.md §4).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from mycelia.errors import BudgetExceeded as BudgetExceededError
@@ -26,7 +27,15 @@ from mycelia.event_dag import (
 )
 from mycelia.proto import AdmittedEvent, EntityId, EventId
 
-__all__ = ["VERDICTS", "Action", "action_for", "head_after", "rejection"]
+__all__ = [
+    "VERDICTS",
+    "Action",
+    "above_head",
+    "action_for",
+    "extends_head",
+    "head_after",
+    "rejection",
+]
 
 
 class Action(enum.Enum):
@@ -79,3 +88,37 @@ def rejection(relation: Relation, entity_id: EntityId) -> MyceliaError:
             "of history to be walked"
         )
     return DisjointError(f"events share no history with entity {entity_id}")
+
+
+def extends_head(head: Collection[EventId], staged: Sequence[AdmittedEvent]) -> bool:
+    """Whether ``staged`` (parents first) only extends ``head``: every parent a tip of it
+    or another staged event, none a genesis, and none a tip already.
+
+    Then each staged event descends from the head, and from no other tip (the head is an
+    antichain), and is in no one's history yet: the head just advances past them, as the
+    walk would conclude. A live edit pushed to a subscriber nearly always has this shape.
+    """
+    ids = {e.id for e in staged}
+    for event in staged:
+        parents = event.parent
+        if not parents or event.id in head:
+            return False
+        for parent in parents:
+            if parent not in ids and parent not in head:
+                return False
+    return True
+
+
+def above_head(head: Mapping[EventId, int], staged: Sequence[AdmittedEvent]) -> bool:
+    """Whether every staged event is of a generation no tip of ``head`` exceeds (and none
+    is a tip itself). Valid only where this node alone writes its store.
+
+    Then no tip descends from a staged event (a descendant's generation is larger), so
+    none is in the head's history. A tip one descends from can only be one it names, or
+    one a staged event it descends from names: through a parent in the history, that tip
+    would lie below another tip. That needs every event this node holds to be in the
+    resident's history, which holds where no other process writes the store. Concurrent
+    writers' events reach a subscriber one at a time in this shape.
+    """
+    top = max(head.values())
+    return all(e.generation >= top and e.id not in head for e in staged)
