@@ -42,7 +42,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from mycelia.entity.admission import admit, admit_fresh
 from mycelia.entity.entity import Entity
-from mycelia.entity.heads import merged_head
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.residents import Residents
 from mycelia.entity.runs import (
@@ -56,9 +55,9 @@ from mycelia.entity.runs import (
     Plan,
     Run,
     Staging,
-    differing,
     fetched,
 )
+from mycelia.entity.snapshots import adopted, merged, merged_head, replaced
 from mycelia.entity.verdicts import (
     Action,
     above_head,
@@ -67,7 +66,7 @@ from mycelia.entity.verdicts import (
     head_after,
     rejection,
 )
-from mycelia.errors import CommitReverted, InvalidEvent, MyceliaError, PayloadTooLarge
+from mycelia.errors import CommitReverted, InvalidEvent, MyceliaError
 from mycelia.event_dag import DEFAULT_BUDGET, missing
 from mycelia.proto import (
     DEFAULT_LIMITS,
@@ -85,8 +84,6 @@ from mycelia.retrieval import (
     LocalGetter,
     RemoteEvents,
     StagingMap,
-    StoredState,
-    WriteBatch,
     local_first,
 )
 
@@ -178,62 +175,15 @@ class Applier:
         )
 
     async def _write(self, run: Run, result: IngestResult) -> None:
-        plans = run.plans
-        if not (plans or run.meta or run.forget):
+        if not (run.plans or run.meta or run.forget):
             return
-        # One pass over the plans (a local commit has one): this runs on every commit.
-        events: list[AdmittedEvent] = []
-        latest: dict[EntityId, Entity] = {}
-        grown: set[EntityId] = set()
-        for plan in plans:
-            events += plan.staged
-            entity = plan.entity
-            if plan.applied:
-                grown.add(entity.entity_id)
-                latest[entity.entity_id] = entity
-            elif plan.snapshot:
-                latest[entity.entity_id] = entity
-        states = tuple(
-            StoredState(entity.to_state(), entity.snapshot().values)
-            for entity in latest.values()
-            if entity.exists
-        )
-        self._check_sizes(states, grown)
-        stored = tuple(events)
-        await self._store.write(WriteBatch(stored, states, run.meta, run.forget))
-        result.stored += stored
-        changes: list[EntityChange] = []
-        for plan in plans:
-            # A snapshot that only moves the head, or creates an entity with no values yet,
-            # is still a change: live queries and subscribers must hear of it.
-            after = plan.after or plan.entity.snapshot()
-            if plan.applied or (plan.snapshot and (plan.changed or plan.before.head != after.head)):
-                changes.append(
-                    EntityChange(plan.before, after, tuple(plan.applied), frozenset(plan.changed))
-                )
+        batch = run.batch(max_entity_bytes=self._max_entity_bytes)
+        await self._store.write(batch)
+        result.stored += batch.events
+        changes = run.changes()
         if changes:
             result.changes += changes
             self._on_change(changes)
-
-    def _check_sizes(self, states: tuple[StoredState, ...], grown: set[EntityId]) -> None:
-        """Refuse a write that grows an entity past ``max_entity_bytes`` (ARCHITECTURE.md
-        §7: its snapshot could never be sent): PayloadTooLarge, nothing written.
-
-        A text state is canonicalised only when read (O(document)); an entity whose
-        estimated size is within half the limit is not computed for this check (the
-        estimate is the bytes of the updates the state merges, which the merge exceeds
-        by a few dozen bytes at most)."""
-        limit = self._max_entity_bytes
-        for stored in states:
-            state = stored.state
-            if state.entity_id not in grown or state.wire_size(estimate=True) <= limit // 2:
-                continue
-            size = state.wire_size()
-            if size > limit:
-                raise PayloadTooLarge(
-                    f"entity {state.entity_id} would be {size} bytes; an entity "
-                    f"may be at most {limit} (split it into several)"
-                )
 
     # -- events from anywhere ------------------------------------------------------------
 
@@ -534,7 +484,7 @@ class Applier:
         return result
 
     async def _merge_state(self, incoming: EntityState, base: Clock | None) -> Plan | None:
-        entity_id = incoming.entity_id
+        entity_id, cache = incoming.entity_id, not self._durable
         entity = await self.load(entity_id)
         if entity is not None and incoming.collection != entity.collection:
             raise InvalidEvent(
@@ -542,44 +492,24 @@ class Applier:
                 f"not {entity.collection!r}"
             )
         if entity is None or not entity.exists:
-            fresh = Entity.from_state(incoming)
-            self._below_snapshot(fresh, incoming)
-            before = Entity.empty(entity_id, incoming.collection).snapshot()
-            self._residents.put(fresh)
-            return Plan(fresh, before, [], [], set(fresh.values()), snapshot=True)
-        before = entity.snapshot()
-        if base is not None and entity.head == base:
-            changed = entity.merge_state(incoming)
-            entity.set_head(incoming.state.head_generations())
-            entity.history_closed = None  # the snapshot's tips may not be stored here
-            self._below_snapshot(entity, incoming)
-            self._residents.put(entity)
-            return Plan(entity, before, [], [], changed, snapshot=True)
-        getter = self._getter(entity_id, StagingMap())
-        head = await merged_head(
-            entity,
-            incoming,
-            getter,
-            self._store,
-            budget=self._budget,
-            fetching=self._remote is not None,
-        )
-        if head is None:
-            return None
-        changed = entity.merge_state(incoming)
-        entity.set_head(head)
-        entity.history_closed = None  # the snapshot's tips may not be stored here
-        self._below_snapshot(entity, incoming)
-        self._residents.put(entity)
-        return Plan(entity, before, fetched(getter), [], changed, snapshot=True)
-
-    def _below_snapshot(self, entity: Entity, incoming: EntityState) -> None:
-        """On a cache, remember a merged snapshot's tips as known history (``boundary``):
-        the events below a snapshot are never stored here, and other writers' concurrent
-        events name those tips long after the head moved on (each was held and its parent
-        fetched: half of all pushes with 200 clients editing at once)."""
-        if not self._durable:
-            entity.mark_boundary(incoming.state.head_generations())
+            plan = adopted(incoming, cache=cache)
+        elif base is not None and entity.head == base:
+            plan = merged(entity, incoming, incoming.state.head_generations(), cache=cache)
+        else:
+            getter = self._getter(entity_id, StagingMap())
+            head = await merged_head(
+                entity,
+                incoming,
+                getter,
+                self._store,
+                budget=self._budget,
+                fetching=self._remote is not None,
+            )
+            if head is None:
+                return None
+            plan = merged(entity, incoming, head, cache=cache, staged=fetched(getter))
+        self._residents.put(plan.entity)
+        return plan
 
     async def reset(
         self,
@@ -602,25 +532,14 @@ class Applier:
             for entity_id, state in replacements.items():
                 current = await self.load(entity_id)
                 self._epochs[entity_id] = self._epochs.get(entity_id, 0) + 1
-                if state is not None:
-                    entity = Entity.from_state(state)
-                    self._below_snapshot(entity, state)
-                elif current is not None:
-                    entity = Entity.empty(entity_id, current.collection)
-                else:
+                plan = replaced(entity_id, state, current, replay, cache=not self._durable)
+                if plan is None:
                     continue
-                before = (current or Entity.empty(entity_id, entity.collection)).snapshot()
-                mine = [e for e in replay if e.entity_id == entity_id]
-                for event in mine:
-                    entity.apply(event)
-                if mine:
-                    entity.set_head(head_after(entity.head_generations, mine))
-                if entity.exists:
-                    self._residents.put(entity)
+                if plan.entity.exists:
+                    self._residents.put(plan.entity)
                 else:
                     self._residents.evict(entity_id)
-                changed = differing(before, entity)
-                run.add(Plan(entity, before, mine, mine, changed, snapshot=True))
+                run.add(plan)
         return result
 
 

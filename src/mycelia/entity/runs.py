@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from mycelia.entity.entity import Entity, Snapshot
-from mycelia.errors import MyceliaError
+from mycelia.errors import MyceliaError, PayloadTooLarge
 from mycelia.proto import AdmittedEvent, EntityId, EventId
-from mycelia.retrieval import CachedGetter, EventSource, LocalGetter
+from mycelia.retrieval import CachedGetter, EventSource, LocalGetter, StoredState, WriteBatch
 
 __all__ = [
     "NEW_ENTITY",
@@ -126,6 +126,63 @@ class Run:
             for applied in plan.applied:
                 check(plan.before, after, applied)
         self.plans.append(plan)
+
+    def batch(self, *, max_entity_bytes: int) -> WriteBatch:
+        """The run's one storage write: its events, the states of the entities it left
+        standing, and its meta records. Raises PayloadTooLarge (nothing written) if it grows
+        an entity past ``max_entity_bytes`` (:func:`check_sizes`)."""
+        # One pass over the plans (a local commit has one): this runs on every commit.
+        events: list[AdmittedEvent] = []
+        latest: dict[EntityId, Entity] = {}
+        grown: set[EntityId] = set()
+        for plan in self.plans:
+            events += plan.staged
+            entity = plan.entity
+            if plan.applied:
+                grown.add(entity.entity_id)
+                latest[entity.entity_id] = entity
+            elif plan.snapshot:
+                latest[entity.entity_id] = entity
+        states = tuple(
+            StoredState(entity.to_state(), entity.snapshot().values)
+            for entity in latest.values()
+            if entity.exists
+        )
+        check_sizes(states, grown, max_entity_bytes)
+        return WriteBatch(tuple(events), states, self.meta, self.forget)
+
+    def changes(self) -> list[EntityChange]:
+        """What the run changed, once written, per plan. A snapshot that only moves the head,
+        or creates an entity with no values yet, is still a change: live queries and
+        subscribers must hear of it."""
+        changes: list[EntityChange] = []
+        for plan in self.plans:
+            after = plan.after or plan.entity.snapshot()
+            if plan.applied or (plan.snapshot and (plan.changed or plan.before.head != after.head)):
+                changes.append(
+                    EntityChange(plan.before, after, tuple(plan.applied), frozenset(plan.changed))
+                )
+        return changes
+
+
+def check_sizes(states: tuple[StoredState, ...], grown: set[EntityId], limit: int) -> None:
+    """Refuse a write that grows an entity past ``limit`` bytes (ARCHITECTURE.md §7: its
+    snapshot could never be sent): PayloadTooLarge, nothing written.
+
+    A text state is canonicalised only when read (O(document)); an entity whose estimated
+    size is within half the limit is not computed for this check (the estimate is the
+    bytes of the updates the state merges, which the merge exceeds by a few dozen bytes at
+    most)."""
+    for stored in states:
+        state = stored.state
+        if state.entity_id not in grown or state.wire_size(estimate=True) <= limit // 2:
+            continue
+        size = state.wire_size()
+        if size > limit:
+            raise PayloadTooLarge(
+                f"entity {state.entity_id} would be {size} bytes; an entity "
+                f"may be at most {limit} (split it into several)"
+            )
 
 
 class Staging:

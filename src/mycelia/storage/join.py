@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mycelia.entity import Action, Entity
-from mycelia.entity.heads import drop_known_ancestors
+from mycelia.entity.snapshots import drop_known_ancestors
 from mycelia.entity.verdicts import action_for
 from mycelia.errors import DecodeError, EventNotFound
 from mycelia.event_dag import DEFAULT_BUDGET, compare

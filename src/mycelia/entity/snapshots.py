@@ -1,7 +1,13 @@
-"""The head after merging a snapshot, and heads that cannot be decided by a comparison.
+"""What a state snapshot does to an entity (ARCHITECTURE.md §7: a snapshot, not events).
 
-:func:`merged_head` decides a snapshot's head against the entity's by comparison (the
-verdict table of :mod:`mycelia.entity.verdicts`).
+- :func:`merged_head` decides a snapshot's head against the entity's by comparison (the
+  verdict table of :mod:`mycelia.entity.verdicts`);
+- :func:`adopted`, :func:`merged` and :func:`replaced` are the applier's plans for a
+  snapshot of an entity it lacks, one it merges, and one that replaces its own. On a
+  cache, each remembers the snapshot's tips as known history (``Entity.boundary``): the
+  events below a snapshot are never stored there, and other writers' concurrent events
+  name those tips long after the head moved on (before, each such event was held and its
+  parent fetched: half of all pushes with 200 clients editing at once).
 
 When a snapshot from a peer must be merged and the history needed to compare the two
 heads is not available (ARCHITECTURE.md §7: the peer went away mid-walk, say), the
@@ -15,18 +21,73 @@ be wider than the true head, never narrower, and a later comparison settles it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from mycelia.entity.entity import Entity
-from mycelia.entity.verdicts import Action, action_for, rejection
+from mycelia.entity.runs import Plan, differing
+from mycelia.entity.verdicts import Action, action_for, head_after, rejection
 from mycelia.errors import EventNotFound
 from mycelia.event_dag import compare
-from mycelia.proto import EntityState, EventId
+from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
 from mycelia.retrieval import EventSource, LocalGetter, local_first
 
 log = logging.getLogger(__name__)
 
-__all__ = ["drop_known_ancestors", "merged_head"]
+__all__ = ["adopted", "drop_known_ancestors", "merged", "merged_head", "replaced"]
+
+
+def adopted(incoming: EntityState, *, cache: bool) -> Plan:
+    """The plan for a snapshot of an entity this node does not have (or has only empty)."""
+    fresh = Entity.from_state(incoming)
+    if cache:
+        fresh.mark_boundary(incoming.state.head_generations())
+    before = Entity.empty(incoming.entity_id, incoming.collection).snapshot()
+    return Plan(fresh, before, [], [], set(fresh.values()), snapshot=True)
+
+
+def merged(
+    entity: Entity,
+    incoming: EntityState,
+    head: Mapping[EventId, int],
+    *,
+    cache: bool,
+    staged: Sequence[AdmittedEvent] = (),
+) -> Plan:
+    """The plan that merges ``incoming``'s values into ``entity`` and sets its ``head``
+    (decided by the caller); ``staged`` are events fetched on the way, to store."""
+    before = entity.snapshot()
+    changed = entity.merge_state(incoming)
+    entity.set_head(head)
+    entity.history_closed = None  # the snapshot's tips may not be stored here
+    if cache:
+        entity.mark_boundary(incoming.state.head_generations())
+    return Plan(entity, before, list(staged), [], changed, snapshot=True)
+
+
+def replaced(
+    entity_id: EntityId,
+    state: EntityState | None,
+    current: Entity | None,
+    replay: Sequence[AdmittedEvent],
+    *,
+    cache: bool,
+) -> Plan | None:
+    """The plan that replaces ``current`` with a durable peer's ``state`` (``None``: the
+    peer has none) and applies ``replay``, this node's own events on it, on top;
+    ``None`` when there is nothing to replace."""
+    if state is not None:
+        entity = adopted(state, cache=cache).entity
+    elif current is not None:
+        entity = Entity.empty(entity_id, current.collection)
+    else:
+        return None
+    before = (current or Entity.empty(entity_id, entity.collection)).snapshot()
+    mine = [e for e in replay if e.entity_id == entity_id]
+    for event in mine:
+        entity.apply(event)
+    if mine:
+        entity.set_head(head_after(entity.head_generations, mine))
+    return Plan(entity, before, mine, mine, differing(before, entity), snapshot=True)
 
 
 async def drop_known_ancestors(
