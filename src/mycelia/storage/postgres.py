@@ -34,16 +34,9 @@ Invariants:
   database migrated by a newer engine is refused (StorageError).
 - Every write batch is **one transaction**: events (``ON CONFLICT DO NOTHING ... RETURNING
   id`` tells which were new), states and their ``field_keys`` rows (replaced whole), feed
-  rows, meta. So the field index never disagrees with the states a reader sees.
-- **Reading an entity's head and writing its state are one serialisable step.** Several
-  processes may commit to one entity at once: each write locks the stored states' rows
-  (``SELECT ... FOR UPDATE``, in entity order; a new entity's row is inserted first, so a
-  writer racing to create it waits, then locks it) and, where the stored head is not in
-  the written state's history, stores the join of both instead
-  (:mod:`mycelia.storage.join`). So no process's head is lost and no event is left
-  unreachable; the feed row names the head actually stored. Writers take their locks in
-  one order (events by id, states by entity, the feed clock last); a transaction aborted
-  to break a deadlock anyway is run again.
+  rows, meta (:mod:`mycelia.storage.postgres_write`, whose invariants say how several
+  processes committing to one entity at once lose no head and orphan no event). A
+  transaction aborted to break a deadlock is run again.
 - ``fetch`` returns exactly ``sort_rows`` over ``scan``: what maps exactly is pushed down
   (one indexed range or set of keys, as parameters: see :mod:`mycelia.storage.plan`), the
   field's long entries are added (kept if their recomputed key is in range), the whole
@@ -95,7 +88,6 @@ from mycelia.storage.engine import (
     decode_values,
     entity_records,
 )
-from mycelia.storage.join import covers, join_stored
 from mycelia.storage.plan import IndexPlan, check_bound, index_entries, plan_query
 from mycelia.storage.postgres_listen import FeedListener
 from mycelia.storage.postgres_sql import (
@@ -112,8 +104,14 @@ from mycelia.storage.postgres_sql import (
     matching,
     merge_rows,
     sorted_states,
-    state_row,
     state_rows,
+)
+from mycelia.storage.postgres_write import (
+    WriteTransaction,
+    event_columns,
+    events_query,
+    new_ids,
+    offsets,
 )
 from mycelia.storage.recent import RecentEvents
 from mycelia.storage.staging import Spill, load_batches, stale_load
@@ -135,56 +133,15 @@ def _translate(exc: Exception, what: str) -> StorageError:
     return StorageError(f"{what}: {exc}")
 
 
-_RECENT: Final = 4096
-"""Most recent events of an entity read at once to join a concurrent write."""
-_JOIN_AHEAD: Final = 8
-"""Most ancestors read ahead per step of a join's comparison (see ``_Events``)."""
 _ATTEMPTS: Final = 5
 """Runs of a write transaction that PostgreSQL aborted to break a deadlock."""
 _WRITTEN: Final = 4096
 """Feed rows of its own writes an engine keeps, to answer ``read_since`` without a query."""
 
 
-async def _new_ids(cursor: psycopg.AsyncCursor[Any]) -> frozenset[EventId]:
-    """The ids an ``insert_events`` statement inserted (the others were stored before)."""
-    return frozenset(EventId._trusted(r[0]) for r in await cursor.fetchall())
-
-
-async def _offsets(cursor: psycopg.AsyncCursor[Any], count: int) -> tuple[int, ...]:
-    """The ``count`` offsets an ``append_feed`` statement took, from its last one."""
-    row = await cursor.fetchone()
-    assert row is not None
-    last = int(row[0])
-    return tuple(range(last - count + 1, last + 1))
-
-
 def _lock_key(name: str) -> int:
     """An advisory lock key (a signed 64-bit integer) for ``name``."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-
-
-def _state_columns(rows: Sequence[StateRow]) -> list[list[Any]]:
-    """The ``upsert_states`` / ``insert_new_states`` parameters: one array per column."""
-    return [list(c) for c in zip(*(r[:5] for r in rows), strict=True)]
-
-
-def _events_query(ids: Collection[EventId], ahead: int) -> tuple[str, Any]:
-    """The statement and parameters that read ``ids`` (plus ``ahead`` ancestors)."""
-    wanted = [bytes(i) for i in ids]
-    if ahead > 0:
-        return "ahead", {"ids": wanted, "n": len(wanted) + ahead}
-    return "events", (wanted,)
-
-
-def _event_columns(events: Sequence[AdmittedEvent]) -> list[list[Any]]:
-    """The ``insert_events`` parameters: one array per column."""
-    return [
-        [bytes(e.id) for e in events],
-        [bytes(e.entity_id) for e in events],
-        [e.generation for e in events],
-        [b"".join(e.parent.ids) for e in events],
-        [e.event.to_bytes() for e in events],
-    ]
 
 
 class PostgresStorage:
@@ -354,7 +311,7 @@ class PostgresStorage:
         found, rest = self._recent.read(ids, ahead)
         if not rest:
             return found
-        rows = await self._fetch(*_events_query(rest, ahead))
+        rows = await self._fetch(*events_query(rest, ahead))
         read = [admitted(row) for row in rows]
         self._recent.remember(read)
         found.update((e.id, e) for e in read)
@@ -576,20 +533,21 @@ class PostgresStorage:
         with Spill() as spill:
             async for batch in load_batches(records):
                 total += len(batch.events)
-                staged = [_event_columns(batch.events), state_rows(batch), list(batch.meta)]
+                staged = [event_columns(batch.events), state_rows(batch), list(batch.meta)]
                 await asyncio.to_thread(spill.append, staged)
             pool = await self._ready()
             try:
                 async with pool.connection() as conn, conn.transaction():
                     await self._lock_feed(conn, if_offset)
+                    txn = self._transaction(conn)
                     for item in spill.items():
                         events, states, meta = cast("list[Any]", item)
                         if events[0]:
                             await conn.execute(self._q["insert_events"], events)
-                        feed = await self._insert_states(conn, states)
+                        feed = await txn.insert_states(states)
                         if feed is not None:
-                            last = (await _offsets(feed, 1))[0]
-                        await self._write_meta(conn, meta)
+                            last = (await offsets(feed, 1))[0]
+                        await txn.write_meta(meta)
             except (psycopg.Error, PoolTimeout) as exc:
                 raise _translate(exc, "PostgreSQL load failed") from exc
         if last:
@@ -627,15 +585,15 @@ class PostgresStorage:
             try:
                 async with pool.connection() as conn:
                     async with conn.pipeline(), conn.transaction():
+                        txn = self._transaction(conn)
                         if batch.forget:
-                            forget = {"ids": [bytes(e) for e in batch.forget]}
-                            await conn.execute(self._q["forget"], forget)
-                        added = await self._insert_events(conn, batch.events)
-                        rows, inserted = await self._lock_and_join(conn, batch, states)
-                        feed = await self._insert_states(conn, rows, inserted=inserted)
-                        await self._write_meta(conn, batch.meta)
-                    new = frozenset() if added is None else await _new_ids(added)
-                    offsets = () if feed is None else await _offsets(feed, len(rows))
+                            await txn.forget([bytes(e) for e in batch.forget])
+                        added = await txn.insert_events(batch.events)
+                        rows, inserted = await txn.lock_and_join(batch, states)
+                        feed = await txn.insert_states(rows, inserted=inserted)
+                        await txn.write_meta(batch.meta)
+                    new = frozenset() if added is None else await new_ids(added)
+                    taken = () if feed is None else await offsets(feed, len(rows))
                 break
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
                 if attempt == _ATTEMPTS:
@@ -644,10 +602,13 @@ class PostgresStorage:
             except (psycopg.Error, PoolTimeout) as exc:
                 raise _translate(exc, "PostgreSQL write failed") from exc
         self._recent.remember(batch.events)
-        if offsets:
-            self._note_written(rows, offsets)
-            self._listener.announce(offsets[-1])
-        return WriteResult(new, offsets)
+        if taken:
+            self._note_written(rows, taken)
+            self._listener.announce(taken[-1])
+        return WriteResult(new, taken)
+
+    def _transaction(self, conn: psycopg.AsyncConnection[Any]) -> WriteTransaction:
+        return WriteTransaction(conn, self._q, channel=self.channel, writer=self._listener.writer)
 
     def _note_written(self, rows: Sequence[StateRow], offsets: Sequence[int]) -> None:
         for row, offset in zip(rows, offsets, strict=True):
@@ -655,111 +616,6 @@ class PostgresStorage:
             self._written[offset] = FeedEntry(offset, entity, row[1], clock(row[5]))
         while len(self._written) > _WRITTEN:
             self._written.popitem(last=False)
-
-    async def _insert_events(
-        self, conn: psycopg.AsyncConnection[Any], events: Sequence[AdmittedEvent]
-    ) -> psycopg.AsyncCursor[Any] | None:
-        """Insert ``events``; the cursor's rows (read after the commit) are the new ids."""
-        if not events:
-            return None
-        ordered = sorted(events, key=lambda e: e.id)  # one order for every writer's index locks
-        return await conn.execute(self._q["insert_events"], _event_columns(ordered))
-
-    async def _lock_and_join(
-        self, conn: psycopg.AsyncConnection[Any], batch: WriteBatch, rows: list[StateRow]
-    ) -> tuple[list[StateRow], set[bytes]]:
-        """``rows`` with each stored state's row locked (in entity order) and, where
-        another process stored a state the batch's does not descend from, the join of
-        both in its place (the feed row then names the joined head); and the entities
-        that had no stored state, whose rows are inserted here (so a racing writer of
-        the same new entity waits for this one, then joins)."""
-        inserted: set[bytes] = set()
-        if not rows:
-            return rows, inserted
-        latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
-        order = sorted(latest)
-        found = await (await conn.execute(self._q["lock_states"], (order,))).fetchall()
-        locked = {bytes(e): raw for e, raw in found}
-        fresh = [latest[e] for e in order if e not in locked]
-        if fresh:
-            cursor = await conn.execute(self._q["insert_new_states"], _state_columns(fresh))
-            inserted = {bytes(r[0]) for r in await cursor.fetchall()}
-            raced = [r[0] for r in fresh if r[0] not in inserted]  # committed meanwhile
-            if raced:
-                again = await (await conn.execute(self._q["lock_states"], (raced,))).fetchall()
-                locked.update((bytes(e), raw) for e, raw in again)
-        if locked:
-            written = {bytes(s.state.entity_id): s for s in batch.states}
-            for entity, raw in sorted(locked.items()):
-                own = {e.id: e for e in batch.events if bytes(e.entity_id) == entity}
-                joined = await self._join(conn, decode_state(raw), written[entity], own)
-                if joined is not None:
-                    latest[entity] = state_row(joined)
-        last = {r[0]: i for i, r in enumerate(rows)}
-        joined_rows = [latest[r[0]] if last[r[0]] == i else r for i, r in enumerate(rows)]
-        return joined_rows, inserted
-
-    async def _join(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        stored: EntityState,
-        written: StoredState,
-        own: dict[EventId, AdmittedEvent],
-    ) -> StoredState | None:
-        """:func:`join_stored` in the write's transaction. When the batch's own events do
-        not show that the stored head is in the written history, the entity's recent
-        events (from just below the batch's) are read in one query first: the region a
-        comparison would walk, without a round trip per step."""
-        head = written.state.state.head
-        if covers(head, stored.state.head, own):
-            return None
-        gens = [
-            *stored.state.head_generations().values(),
-            *written.state.state.head_generations().values(),
-        ]
-        floor = min([e.generation for e in own.values()] + gens) - 1
-        params = {"entity": bytes(stored.entity_id), "floor": floor, "n": _RECENT}
-        rows = await (await conn.execute(self._q["recent"], params, binary=True)).fetchall()
-        known = {e.id: e for e in map(admitted, rows)} | own
-        joined = await join_stored(stored, written, known, _Events(self._q, conn))
-        if joined is not None:
-            log.debug("joined a concurrent write of entity %s", stored.entity_id)
-        return joined
-
-    async def _insert_states(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        rows: list[StateRow],
-        *,
-        inserted: Collection[bytes] = (),
-    ) -> psycopg.AsyncCursor[Any] | None:
-        """Store ``rows`` (their field keys replaced whole) and append their feed rows;
-        the states of ``inserted`` entities are in place already. The cursor's row (read
-        after the commit, :func:`_offsets`) holds the last offset taken."""
-        if not rows:
-            return None
-        latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
-        stale = [r for e, r in latest.items() if e not in inserted]
-        if stale:
-            await conn.execute(self._q["upsert_states"], _state_columns(stale))
-        await conn.execute(self._q["delete_keys"], (list(latest),))
-        keys = [(r[0], r[1], r[6]) for r in latest.values() if r[6]]
-        if keys:
-            await conn.execute(self._q["insert_keys"], key_columns(keys))
-        feed = {"e": [r[0] for r in rows], "c": [r[1] for r in rows], "h": [r[5] for r in rows]}
-        notify = {"channel": self.channel, "writer": self._listener.writer}
-        return await conn.execute(self._q["append_feed"], {**feed, **notify})
-
-    async def _write_meta(
-        self, conn: psycopg.AsyncConnection[Any], meta: Sequence[tuple[str, bytes | None]]
-    ) -> None:
-        final = dict(meta)  # the last write of a key wins, as in every engine
-        puts = {k: v for k, v in final.items() if v is not None}
-        gone = [k for k, v in final.items() if v is None]
-        if puts:
-            await conn.execute(self._q["put_meta"], (list(puts), list(puts.values())))
-        if gone:
-            await conn.execute(self._q["delete_meta"], (gone,))
 
     # ------------------------------------------------------------------ closing
 
@@ -770,26 +626,3 @@ class PostgresStorage:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
-
-
-class _Events:
-    """Events as one write's transaction sees them, its own included (for joins).
-
-    Read-ahead is capped: the join reads the entity's recent events first, so a walk
-    rarely goes beyond them, and ancestors read ahead below them would be decoded for
-    nothing."""
-
-    __slots__ = ("_conn", "_queries")
-
-    def __init__(self, queries: Mapping[str, sql.Composed], conn: psycopg.AsyncConnection[Any]):
-        self._queries = queries
-        self._conn = conn
-
-    async def get_events(
-        self, ids: Collection[EventId], *, ahead: int = 0
-    ) -> Mapping[EventId, AdmittedEvent]:
-        if not ids:
-            return {}
-        name, params = _events_query(ids, min(ahead, _JOIN_AHEAD))
-        cursor = await self._conn.execute(self._queries[name], params, binary=True)
-        return {e.id: e for e in map(admitted, await cursor.fetchall())}

@@ -1,0 +1,239 @@
+"""One write transaction of the PostgreSQL engine: its statements, run on one connection
+(ARCHITECTURE.md §6; :meth:`mycelia.storage.postgres.PostgresStorage.write` runs them
+pipelined, in this order).
+
+Invariants:
+
+- Writers take their locks in one order: events by id, states by entity, the feed clock
+  last (``append_feed``, the transaction's last statement that takes a lock), so
+  concurrent writers never deadlock on their own; one aborted anyway is run again whole.
+- **Reading an entity's head and writing its state are one serialisable step.** Each
+  stored state's row is locked (``SELECT ... FOR UPDATE``) before it is written; a new
+  entity's row is inserted first, so a writer racing to create it waits, then locks it.
+  Where the stored head is not in the written state's history, the join of both is
+  stored instead (:mod:`mycelia.storage.join`), and the feed row names it.
+- A state's ``field_keys`` rows are replaced whole with it, so the field index never
+  disagrees with the states a reader sees.
+- The cursors these methods return are read after the commit (pipelined statements):
+  :func:`new_ids` for the events that were new, :func:`offsets` for the feed offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql
+
+from mycelia.proto import AdmittedEvent, EntityState, EventId
+from mycelia.retrieval import StoredState, WriteBatch
+from mycelia.storage.join import covers, join_stored
+from mycelia.storage.postgres_sql import StateRow, admitted, decode_state, key_columns, state_row
+
+__all__ = [
+    "WriteTransaction",
+    "event_columns",
+    "events_query",
+    "new_ids",
+    "offsets",
+]
+
+log = logging.getLogger(__name__)
+
+_RECENT: Final = 4096
+"""Most recent events of an entity read at once to join a concurrent write."""
+_JOIN_AHEAD: Final = 8
+"""Most ancestors read ahead per step of a join's comparison (see ``_Events``)."""
+
+
+async def new_ids(cursor: psycopg.AsyncCursor[Any]) -> frozenset[EventId]:
+    """The ids an ``insert_events`` statement inserted (the others were stored before)."""
+    return frozenset(EventId._trusted(r[0]) for r in await cursor.fetchall())
+
+
+async def offsets(cursor: psycopg.AsyncCursor[Any], count: int) -> tuple[int, ...]:
+    """The ``count`` offsets an ``append_feed`` statement took, from its last one."""
+    row = await cursor.fetchone()
+    assert row is not None
+    last = int(row[0])
+    return tuple(range(last - count + 1, last + 1))
+
+
+def state_columns(rows: Sequence[StateRow]) -> list[list[Any]]:
+    """The ``upsert_states`` / ``insert_new_states`` parameters: one array per column."""
+    return [list(c) for c in zip(*(r[:5] for r in rows), strict=True)]
+
+
+def events_query(ids: Collection[EventId], ahead: int) -> tuple[str, Any]:
+    """The statement and parameters that read ``ids`` (plus ``ahead`` ancestors)."""
+    wanted = [bytes(i) for i in ids]
+    if ahead > 0:
+        return "ahead", {"ids": wanted, "n": len(wanted) + ahead}
+    return "events", (wanted,)
+
+
+def event_columns(events: Sequence[AdmittedEvent]) -> list[list[Any]]:
+    """The ``insert_events`` parameters: one array per column."""
+    return [
+        [bytes(e.id) for e in events],
+        [bytes(e.entity_id) for e in events],
+        [e.generation for e in events],
+        [b"".join(e.parent.ids) for e in events],
+        [e.event.to_bytes() for e in events],
+    ]
+
+
+class WriteTransaction:
+    """The statements of one write transaction on ``conn`` (opened by the caller)."""
+
+    __slots__ = ("_conn", "_notify", "_q")
+
+    def __init__(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        queries: Mapping[str, sql.Composed],
+        *,
+        channel: str,
+        writer: str,
+    ) -> None:
+        self._conn = conn
+        self._q = queries
+        self._notify = {"channel": channel, "writer": writer}
+        """What the feed's NOTIFY says: the channel, and which engine wrote (it ignores its
+        own notifications)."""
+
+    async def forget(self, entities: Collection[bytes]) -> None:
+        """Delete ``entities`` whole: their events, state, field keys."""
+        await self._conn.execute(self._q["forget"], {"ids": list(entities)})
+
+    async def insert_events(
+        self, events: Sequence[AdmittedEvent]
+    ) -> psycopg.AsyncCursor[Any] | None:
+        """Insert ``events``; the cursor's rows (read after the commit) are the new ids."""
+        if not events:
+            return None
+        ordered = sorted(events, key=lambda e: e.id)  # one order for every writer's index locks
+        return await self._conn.execute(self._q["insert_events"], event_columns(ordered))
+
+    async def lock_and_join(
+        self, batch: WriteBatch, rows: list[StateRow]
+    ) -> tuple[list[StateRow], set[bytes]]:
+        """``rows`` with each stored state's row locked (in entity order) and, where
+        another process stored a state the batch's does not descend from, the join of
+        both in its place (the feed row then names the joined head); and the entities
+        that had no stored state, whose rows are inserted here (so a racing writer of
+        the same new entity waits for this one, then joins)."""
+        inserted: set[bytes] = set()
+        if not rows:
+            return rows, inserted
+        latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
+        order = sorted(latest)
+        locked = await self._lock_states(order)
+        fresh = [latest[e] for e in order if e not in locked]
+        if fresh:
+            cursor = await self._conn.execute(self._q["insert_new_states"], state_columns(fresh))
+            inserted = {bytes(r[0]) for r in await cursor.fetchall()}
+            raced = [r[0] for r in fresh if r[0] not in inserted]  # committed meanwhile
+            if raced:
+                again = await (
+                    await self._conn.execute(self._q["lock_states"], (raced,))
+                ).fetchall()
+                locked.update((bytes(e), raw) for e, raw in again)
+        if locked:
+            written = {bytes(s.state.entity_id): s for s in batch.states}
+            for entity, raw in sorted(locked.items()):
+                own = {e.id: e for e in batch.events if bytes(e.entity_id) == entity}
+                joined = await self._join(decode_state(raw), written[entity], own)
+                if joined is not None:
+                    latest[entity] = state_row(joined)
+        last = {r[0]: i for i, r in enumerate(rows)}
+        joined_rows = [latest[r[0]] if last[r[0]] == i else r for i, r in enumerate(rows)]
+        return joined_rows, inserted
+
+    async def _lock_states(self, entities: list[bytes]) -> dict[bytes, bytes]:
+        """Lock the stored states of ``entities`` (sorted: one order for every writer);
+        returns each stored one's encoded state."""
+        cursor = await self._conn.execute(self._q["lock_states"], (entities,))
+        return {bytes(e): raw for e, raw in await cursor.fetchall()}
+
+    async def _join(
+        self,
+        stored: EntityState,
+        written: StoredState,
+        own: dict[EventId, AdmittedEvent],
+    ) -> StoredState | None:
+        """:func:`join_stored` in the write's transaction. When the batch's own events do
+        not show that the stored head is in the written history, the entity's recent
+        events (from just below the batch's) are read in one query first: the region a
+        comparison would walk, without a round trip per step."""
+        head = written.state.state.head
+        if covers(head, stored.state.head, own):
+            return None
+        gens = [
+            *stored.state.head_generations().values(),
+            *written.state.state.head_generations().values(),
+        ]
+        floor = min([e.generation for e in own.values()] + gens) - 1
+        params = {"entity": bytes(stored.entity_id), "floor": floor, "n": _RECENT}
+        rows = await (await self._conn.execute(self._q["recent"], params, binary=True)).fetchall()
+        known = {e.id: e for e in map(admitted, rows)} | own
+        joined = await join_stored(stored, written, known, _Events(self._q, self._conn))
+        if joined is not None:
+            log.debug("joined a concurrent write of entity %s", stored.entity_id)
+        return joined
+
+    async def insert_states(
+        self,
+        rows: list[StateRow],
+        *,
+        inserted: Collection[bytes] = (),
+    ) -> psycopg.AsyncCursor[Any] | None:
+        """Store ``rows`` (their field keys replaced whole) and append their feed rows;
+        the states of ``inserted`` entities are in place already. The cursor's row (read
+        after the commit, :func:`offsets`) holds the last offset taken."""
+        if not rows:
+            return None
+        latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
+        stale = [r for e, r in latest.items() if e not in inserted]
+        if stale:
+            await self._conn.execute(self._q["upsert_states"], state_columns(stale))
+        await self._conn.execute(self._q["delete_keys"], (list(latest),))
+        keys = [(r[0], r[1], r[6]) for r in latest.values() if r[6]]
+        if keys:
+            await self._conn.execute(self._q["insert_keys"], key_columns(keys))
+        feed = {"e": [r[0] for r in rows], "c": [r[1] for r in rows], "h": [r[5] for r in rows]}
+        return await self._conn.execute(self._q["append_feed"], {**feed, **self._notify})
+
+    async def write_meta(self, meta: Sequence[tuple[str, bytes | None]]) -> None:
+        final = dict(meta)  # the last write of a key wins, as in every engine
+        puts = {k: v for k, v in final.items() if v is not None}
+        gone = [k for k, v in final.items() if v is None]
+        if puts:
+            await self._conn.execute(self._q["put_meta"], (list(puts), list(puts.values())))
+        if gone:
+            await self._conn.execute(self._q["delete_meta"], (gone,))
+
+
+class _Events:
+    """Events as one write's transaction sees them, its own included (for joins).
+
+    Read-ahead is capped: the join reads the entity's recent events first, so a walk
+    rarely goes beyond them, and ancestors read ahead below them would be decoded for
+    nothing."""
+
+    __slots__ = ("_conn", "_queries")
+
+    def __init__(self, queries: Mapping[str, sql.Composed], conn: psycopg.AsyncConnection[Any]):
+        self._queries = queries
+        self._conn = conn
+
+    async def get_events(
+        self, ids: Collection[EventId], *, ahead: int = 0
+    ) -> Mapping[EventId, AdmittedEvent]:
+        if not ids:
+            return {}
+        name, params = events_query(ids, min(ahead, _JOIN_AHEAD))
+        cursor = await self._conn.execute(self._queries[name], params, binary=True)
+        return {e.id: e for e in map(admitted, await cursor.fetchall())}
