@@ -332,7 +332,9 @@ class Applier:
             # other processes write the store: a parent may be their event, stored but
             # not in this resident yet, whose effect only the walk brings in.
             return staged, None
-        if self._sole_writer and above_head(entity.head_map, staged):  # a cache's, mostly
+        if self._sole_writer and above_head(
+            entity.head_map, entity.top_generation, staged
+        ):  # a cache's, mostly
             return staged, None
         # A subject-side walk: the events the head lacks, without walking the head's own
         # branches (admission already keeps foreign lineage out: parents are this entity's).

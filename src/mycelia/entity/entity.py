@@ -12,7 +12,8 @@ Invariants:
   (called by the applier under the entity's lock) and on forks that transactions own.
 - Placing an event costs O(its parents), not O(the head): :meth:`advance` moves the head
   in place (its tips named as parents leave, the new events join), and the head's clock
-  and generations are kept sorted by insertion (C-speed tuple copies), never re-sorted.
+  and generations are kept sorted by insertion (C-speed copies), never re-sorted;
+  its largest generation is kept as it moves (:attr:`top_generation`, O(1)).
 - ``history_closed`` says whether every tip of the head is a stored event (``None``:
   not known yet). The applier sets it; only then may it place a new event with no walk.
 - ``boundary`` holds the tips of the snapshots a cache merged (id → generation, the last
@@ -79,6 +80,7 @@ class Entity:
         "_head",
         "_snapshot",
         "_text_ids",
+        "_top",
         "boundary",
         "collection",
         "entity_id",
@@ -101,6 +103,7 @@ class Entity:
         self._snapshot: Snapshot | None = None  # valid until the next change
         self._clock: Clock | None = None  # the head as a Clock (kept current once built)
         self._gens: tuple[int, ...] = ()  # the generations of the clock's ids, aligned
+        self._top: int | None = None  # the head's largest generation (None: not computed)
         self._text_ids = text_ids  # where a text backend created here gets its client id
         self.history_closed: bool | None = None  # every tip stored? (None: not known yet)
         self.boundary: dict[EventId, int] = {}  # merged snapshots' tips (see the module)
@@ -154,9 +157,14 @@ class Entity:
         """Whether the entity has been created here."""
         return bool(self._head)
 
-    def next_generation(self) -> int:
-        """The generation an event made on the current head will have."""
-        return 1 + max(self._head.values(), default=0)
+    @property
+    def top_generation(self) -> int:
+        """The largest generation in the head (0 before the genesis), kept as the head
+        moves: O(1)."""
+        top = self._top
+        if top is None:
+            top = self._top = max(self._head.values(), default=0)
+        return top
 
     def apply(self, event: AdmittedEvent) -> set[str]:
         """Apply one event's operations to the backends (the head is set separately).
@@ -197,6 +205,7 @@ class Entity:
         """Replace the head (the applier passes a comparison's ``merged_head``)."""
         self._snapshot = None
         self._clock = None
+        self._top = None
         self._head = dict(head)
 
     def advance(self, applied: Sequence[AdmittedEvent]) -> None:
@@ -213,6 +222,7 @@ class Entity:
                 head[tip] = event.generation
                 self._clock = Clock._of_sorted((tip,))
                 self._gens = (event.generation,)
+                self._top = event.generation
                 return
         named = {p for e in applied for p in e.parent}
         gone = [p for p in named if p in head]
@@ -220,18 +230,23 @@ class Entity:
         for tip in gone:
             del head[tip]
         head.update(joined)
+        if self._top is not None and joined:
+            # A tip that left is the parent of an applied event, so below a joined one: the
+            # largest generation is the old one or a joined one's.
+            self._top = max(self._top, *(g for _, g in joined))
         clock = self._clock
         if clock is None:
             return
-        ids, gens = clock.ids, self._gens
+        ids, gens = list(clock.ids), list(self._gens)  # one copy each way: memcpy speed
         for tip in gone:
             i = bisect_left(ids, tip)
-            ids, gens = ids[:i] + ids[i + 1 :], gens[:i] + gens[i + 1 :]
+            del ids[i], gens[i]
         for tip, generation in joined:
             i = bisect_left(ids, tip)
-            ids, gens = (*ids[:i], tip, *ids[i:]), (*gens[:i], generation, *gens[i:])
-        self._clock = Clock._of_sorted(ids)  # kept sorted by insertion
-        self._gens = gens
+            ids.insert(i, tip)
+            gens.insert(i, generation)
+        self._clock = Clock._of_sorted(tuple(ids))  # kept sorted by insertion
+        self._gens = tuple(gens)
 
     def backend(self, name: str) -> Backend:
         """The backend called ``name``, created empty on first use."""

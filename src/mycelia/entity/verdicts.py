@@ -109,9 +109,10 @@ def extends_head(head: Collection[EventId], staged: Sequence[AdmittedEvent]) -> 
     return True
 
 
-def above_head(head: Mapping[EventId, int], staged: Sequence[AdmittedEvent]) -> bool:
-    """Whether every staged event is of a generation no tip of ``head`` exceeds (and none
-    is a tip itself). Valid only where this node alone writes its store.
+def above_head(head: Collection[EventId], top: int, staged: Sequence[AdmittedEvent]) -> bool:
+    """Whether every staged event is of a generation no tip of ``head`` exceeds (``top``,
+    the head's largest) and none is a tip itself. Valid only where this node alone writes
+    its store.
 
     Then no tip descends from a staged event (a descendant's generation is larger), so
     none is in the head's history. A tip one descends from can only be one it names, or
@@ -120,5 +121,4 @@ def above_head(head: Mapping[EventId, int], staged: Sequence[AdmittedEvent]) -> 
     resident's history, which holds where no other process writes the store. Concurrent
     writers' events reach a subscriber one at a time in this shape.
     """
-    top = max(head.values())
     return all(e.generation >= top and e.id not in head for e in staged)
