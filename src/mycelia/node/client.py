@@ -376,6 +376,30 @@ async def connect(
     against ``ssl`` (an ``ssl.SSLContext``) when given. Raises InvalidArgument for a URL
     that is not a websocket URL, no URL, or ``ssl`` with a ``ws://`` one.
     """
+    urls = _checked_urls(url, ssl=ssl)
+    dial_one = partial(
+        _dial_websocket,
+        limits=node.limits,
+        compression=compression,
+        request_timeout=request_timeout,
+        ssl=ssl,
+    )
+    dial: Dialer = Failover(urls, dial_one) if len(urls) > 1 else partial(dial_one, urls[0])
+    connection = node.attach(
+        dial,
+        token=token,
+        min_backoff=min_backoff,
+        max_backoff=max_backoff,
+        request_timeout=request_timeout,
+        rng=rng or random.Random(),
+    )
+    connection.start()
+    return connection
+
+
+def _checked_urls(url: str | Sequence[str], *, ssl: ssl_module.SSLContext | None) -> list[str]:
+    """The server URLs ``connect`` was given, as a list; raises InvalidArgument for none,
+    for one that is not a websocket URL, or for ``ssl`` with a ``ws://`` one."""
     urls = [url] if isinstance(url, str) else list(url)
     if not urls:
         raise InvalidArgument("give at least one server URL")
@@ -389,37 +413,35 @@ async def connect(
             )
         if ssl is not None and parts.scheme != "wss":
             raise InvalidArgument(f"ssl= is given but {each!r} is not a wss:// URL")
-    limits = node.limits
+    return urls
 
-    async def dial_one(url: str) -> Transport:
-        tls: dict[str, Any] = {} if ssl is None else {"ssl": ssl}  # wss:// defaults to verify
-        try:
-            websocket = await ws_connect(
-                url,
-                max_size=limits.max_frame_bytes,
-                compression=compression,
-                open_timeout=request_timeout,
-                ping_interval=20,
-                close_timeout=2,
-                **tls,
-            )
-        except InvalidStatus as exc:
-            status = exc.response.status_code
-            raise ConnectionClosed(f"{url} refused the websocket: HTTP {status}") from exc
-        except InvalidHandshake as exc:
-            raise ConnectionClosed(
-                f"{url} is not a Mycelia server ({exc}); a TLS server needs wss://"
-            ) from exc
-        return WebsocketTransport(websocket)
 
-    dial: Dialer = Failover(urls, dial_one) if len(urls) > 1 else partial(dial_one, urls[0])
-    connection = node.attach(
-        dial,
-        token=token,
-        min_backoff=min_backoff,
-        max_backoff=max_backoff,
-        request_timeout=request_timeout,
-        rng=rng or random.Random(),
-    )
-    connection.start()
-    return connection
+async def _dial_websocket(
+    url: str,
+    *,
+    limits: Limits,
+    compression: str | None,
+    request_timeout: float,
+    ssl: ssl_module.SSLContext | None,
+) -> Transport:
+    """Open a websocket to ``url`` (the handshake bounded by ``request_timeout``); a
+    server that refuses it or is no websocket server raises ConnectionClosed."""
+    tls: dict[str, Any] = {} if ssl is None else {"ssl": ssl}  # wss:// defaults to verify
+    try:
+        websocket = await ws_connect(
+            url,
+            max_size=limits.max_frame_bytes,
+            compression=compression,
+            open_timeout=request_timeout,
+            ping_interval=20,
+            close_timeout=2,
+            **tls,
+        )
+    except InvalidStatus as exc:
+        status = exc.response.status_code
+        raise ConnectionClosed(f"{url} refused the websocket: HTTP {status}") from exc
+    except InvalidHandshake as exc:
+        raise ConnectionClosed(
+            f"{url} is not a Mycelia server ({exc}); a TLS server needs wss://"
+        ) from exc
+    return WebsocketTransport(websocket)

@@ -23,6 +23,7 @@ import random
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Final
 
@@ -121,80 +122,18 @@ class Node:
         self._query_ids = itertools.count(1)
         self._residents = Residents()
         self._link = Link()
-        self._applier = Applier(
-            storage,
-            self._residents,
-            durable=durable,
-            system_root=lambda: self._root,
-            remote=None if durable else self._link.get_events,
-            on_change=self._notify,
-            pending=PendingPool(),
-            max_entity_bytes=limits.max_entity_bytes,
-            sole_writer=not follows(storage),
-        )
+        self._applier = self._new_applier()
         self._reactor = Reactor()
-        self._responder = Responder(
-            self._applier,
-            storage,
-            policy=policy,
-            commit=self._commit_remote,
-            system_events=self.system_events,
-        )
-        self._pipeline = (
-            None
-            if durable
-            else CommitPipeline(
-                self._applier,
-                Outbox(storage),
-                storage,
-                limits=limits,
-                ready=lambda: self._link.ready,
-            )
-        )
-        self._upstream = Upstream(
-            self._link,
-            self._applier,
-            storage,
-            durable=durable,
-            tracked=self._reactor.tracked,
-            join_system=self.join_system,
-            has_system=lambda: self._root is not None,
-            commits=self._pipeline,
-        )
-        self._feed: FeedFollower | None = None
-        if follows(storage):  # other processes write this store: hear of their commits
-            notify, lock = self._notify, self._applier.lock
-            self._feed = FeedFollower(storage, residents=self._residents, lock=lock, notify=notify)
+        self._responder = self._new_responder()
+        self._pipeline = self._new_pipeline()
+        self._upstream = self._new_upstream()
+        self._feed = self._new_feed()
+        if self._feed is not None:
             self._listeners.append(self._feed.reported)
         self._gate = Gatekeeper(policy, lambda: self._root)
         self._me = Identity(key, durable, limits, lambda: self._root, self._entropy)
         self._connection: Connection | None = None
-        text_ids = ClientIds(rng if rng is not None else random.Random(secrets.randbits(64)))
-        commits = self._pipeline or LocalCommits(self._applier)
-        self._parts = ContextParts(
-            TransactionParts(
-                reads=self._upstream,
-                commits=commits,
-                policy=policy,
-                system_root=lambda: self._root,
-                limits=limits,
-                text_ids=text_ids,
-                entropy=self._entropy,
-                durable=durable,
-                check_open=self._check_open,
-            ),
-            LiveParts(
-                watch=self._reactor,
-                follow=self._upstream,
-                rows=lambda collection, query: query_rows(storage, collection, query),
-                policy=policy,
-                spawn=self._spawn,
-                query_ids=lambda: next(self._query_ids),
-                check_open=self._check_open,
-                slow=None if durable else self._slow,
-            ),
-            history=storage.events_of,
-        )
+        self._parts = self._new_parts()
 
     @classmethod
     def open(
@@ -458,22 +397,12 @@ class Node:
             previous.retire()
             self._link.reopen()
 
-        def open_session(transport: Transport) -> PeerConnection:
-            return PeerConnection(
-                transport,
-                me=self._me,
-                gate=self._gate,
-                answers=self._responder,
-                dialed=True,
-                token=token,
-                on_update=self._upstream.on_update,
-                request_timeout=request_timeout,
-            )
-
         self._connection = Connection(
             dial,
             link=self._link,
-            open_session=open_session,
+            open_session=partial(
+                self._dialed_session, token=token, request_timeout=request_timeout
+            ),
             prepare=self._upstream.prepare,
             finish=self._upstream.stopped,
             min_backoff=min_backoff,
@@ -533,6 +462,123 @@ class Node:
         await self.close()
 
     # -- wiring ----------------------------------------------------------------------------
+
+    def _new_applier(self) -> Applier:
+        """The applier over this node's storage and residents; an ephemeral node asks the
+        durable peer (through the link) for the events it lacks."""
+        storage = self._storage
+        return Applier(
+            storage,
+            self._residents,
+            durable=self._durable,
+            system_root=lambda: self._root,
+            remote=None if self._durable else self._link.get_events,
+            on_change=self._notify,
+            pending=PendingPool(),
+            max_entity_bytes=self._limits.max_entity_bytes,
+            sole_writer=not follows(storage),
+        )
+
+    def _new_responder(self) -> Responder:
+        """What answers the requests of the peers this node serves."""
+        return Responder(
+            self._applier,
+            self._storage,
+            policy=self._policy,
+            commit=self._commit_remote,
+            system_events=self.system_events,
+        )
+
+    def _new_pipeline(self) -> CommitPipeline | None:
+        """An ephemeral node's commit pipeline (local commits owed to the durable peer,
+        kept in an outbox); ``None`` on a durable node, which commits locally."""
+        if self._durable:
+            return None
+        return CommitPipeline(
+            self._applier,
+            Outbox(self._storage),
+            self._storage,
+            limits=self._limits,
+            ready=lambda: self._link.ready,
+        )
+
+    def _new_upstream(self) -> Upstream:
+        """The node's side of its durable peer: reads through it, subscriptions kept with
+        it, and (ephemeral nodes) the commit pipeline pushed to it."""
+        return Upstream(
+            self._link,
+            self._applier,
+            self._storage,
+            durable=self._durable,
+            tracked=self._reactor.tracked,
+            join_system=self.join_system,
+            has_system=lambda: self._root is not None,
+            commits=self._pipeline,
+        )
+
+    def _new_feed(self) -> FeedFollower | None:
+        """A follower of the store's feed when other processes write this store, so the
+        node hears of their commits; ``None`` when this node is its only writer."""
+        if not follows(self._storage):
+            return None
+        notify, lock = self._notify, self._applier.lock
+        return FeedFollower(self._storage, residents=self._residents, lock=lock, notify=notify)
+
+    def _new_parts(self) -> ContextParts:
+        """What the node's contexts work with: transactions, live queries, history."""
+        return ContextParts(
+            self._transaction_parts(),
+            self._live_parts(),
+            history=self._storage.events_of,
+        )
+
+    def _transaction_parts(self) -> TransactionParts:
+        """What transactions work with: reads through the upstream, commits through the
+        pipeline (ephemeral) or straight to the applier (durable)."""
+        rng = self._rng
+        text_ids = ClientIds(rng if rng is not None else random.Random(secrets.randbits(64)))
+        commits = self._pipeline or LocalCommits(self._applier)
+        return TransactionParts(
+            reads=self._upstream,
+            commits=commits,
+            policy=self._policy,
+            system_root=lambda: self._root,
+            limits=self._limits,
+            text_ids=text_ids,
+            entropy=self._entropy,
+            durable=self._durable,
+            check_open=self._check_open,
+        )
+
+    def _live_parts(self) -> LiveParts:
+        """What live queries work with: the reactor watches this node's changes, the
+        upstream mirrors each query at the durable peer."""
+        storage = self._storage
+        return LiveParts(
+            watch=self._reactor,
+            follow=self._upstream,
+            rows=lambda collection, query: query_rows(storage, collection, query),
+            policy=self._policy,
+            spawn=self._spawn,
+            query_ids=lambda: next(self._query_ids),
+            check_open=self._check_open,
+            slow=None if self._durable else self._slow,
+        )
+
+    def _dialed_session(
+        self, transport: Transport, *, token: bytes | None, request_timeout: float
+    ) -> PeerConnection:
+        """A session with the durable peer over a transport this node dialed."""
+        return PeerConnection(
+            transport,
+            me=self._me,
+            gate=self._gate,
+            answers=self._responder,
+            dialed=True,
+            token=token,
+            on_update=self._upstream.on_update,
+            request_timeout=request_timeout,
+        )
 
     def _slow(self, label: str) -> Slow:
         """Progress for sync work that may take long (see ``Node.open``'s ``progress``)."""

@@ -101,6 +101,27 @@ class Identity:
     """The node's answer pool, shared by its connections (:mod:`mycelia.node.budget`)."""
 
 
+def _new_session(me: Identity, *, token: bytes | None, dialed: bool) -> PeerSession:
+    """The protocol session a connection drives: it presents ``me`` (with a fresh
+    handshake challenge) and puts ``token`` in its proof."""
+    return PeerSession(
+        key=me.key,
+        durable=me.durable,
+        system_root=me.system_root(),
+        limits=me.limits,
+        token=token,
+        challenge=me.entropy(CHALLENGE_LENGTH),
+        dialer=dialed,
+    )
+
+
+def _budgets(bounds: Bounds, answers: Pool, outgoing_frames: int) -> tuple[Outgoing, InFlight]:
+    """A connection's two byte budgets (:mod:`mycelia.node.budget`): its outgoing queue,
+    which draws on the node's answer pool, and the peer's requests in flight here."""
+    outgoing = Outgoing(bounds.outgoing_bytes, answers, max_frames=outgoing_frames)
+    return outgoing, InFlight(count=bounds.requests_in_flight, size=bounds.incoming_bytes)
+
+
 class PeerConnection:
     """One live connection to a peer; :meth:`run` drives it until it closes."""
 
@@ -124,15 +145,7 @@ class PeerConnection:
         self._me = me
         self._gate = gate
         self._answers = answers
-        self.session = PeerSession(
-            key=me.key,
-            durable=me.durable,
-            system_root=me.system_root(),
-            limits=me.limits,
-            token=token,
-            challenge=me.entropy(CHALLENGE_LENGTH),
-            dialer=dialed,
-        )
+        self.session = _new_session(me, token=token, dialed=dialed)
         self._on_update = on_update
         self.request_timeout = request_timeout
         self._handshake_timeout = handshake_timeout
@@ -140,8 +153,7 @@ class PeerConnection:
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._pages: dict[int, tuple[list[Message], int]] = {}
         """Pages received for a pending request, and their bytes."""
-        self._outgoing = Outgoing(bounds.outgoing_bytes, me.answers, max_frames=outgoing_frames)
-        self._in_flight = InFlight(count=bounds.requests_in_flight, size=bounds.incoming_bytes)
+        self._outgoing, self._in_flight = _budgets(bounds, me.answers, outgoing_frames)
         self._commits: list[tuple[CommitRequest, int]] = []
         self._commits_waiting = asyncio.Event()
         self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: cancelled in start order

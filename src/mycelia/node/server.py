@@ -51,7 +51,8 @@ import logging
 import socket
 import ssl as ssl_module
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
@@ -67,7 +68,7 @@ from mycelia.errors import ConnectionClosed, MyceliaError, Overloaded
 from mycelia.node.budget import DEFAULT_BOUNDS, Bounds
 from mycelia.node.http import HttpAnswer, HttpEndpoints
 from mycelia.node.listen import bind
-from mycelia.node.metrics import Metrics
+from mycelia.node.metrics import ConnectionMeter, Metrics
 from mycelia.node.peer import HANDSHAKE_TIMEOUT, OUTGOING_FRAMES, PeerConnection
 from mycelia.node.policy import NamesSubjects
 from mycelia.node.transport import Transport, WebsocketTransport, close_reason
@@ -136,6 +137,19 @@ async def serve_peer(
     )
     if peers is not None:
         peers.add(peer)
+    try:
+        await _drive(node, peer, meter)
+    finally:
+        if peers is not None:
+            peers.discard(peer)
+        meter.closed(_ended(peer))
+    return peer
+
+
+async def _drive(node: Node, peer: PeerConnection, meter: ConnectionMeter) -> None:
+    """Run ``peer`` until it closes, counting and logging it once it is ready (a peer
+    that never gets there ends the same way: its error is kept on it). If the caller is
+    cancelled, the run is cancelled too and waited for."""
     runner = asyncio.ensure_future(peer.run())
     try:
         with contextlib.suppress(MyceliaError):
@@ -148,10 +162,6 @@ async def serve_peer(
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await runner
-        if peers is not None:
-            peers.discard(peer)
-        meter.closed(_ended(peer))
-    return peer
 
 
 def _subject(node: Node, peer: PeerConnection) -> str:
@@ -492,17 +502,35 @@ async def serve(
 
     Raises AddressInUse or ConfigError when ``host:port`` cannot be listened on.
     """
-    metrics = metrics or Metrics()
-    server = Server(node, metrics, tls=ssl is not None)
+    server = Server(node, metrics or Metrics(), tls=ssl is not None)
     server.partial = Partial(partial_bytes)
-    endpoints = HttpEndpoints(
-        serving=lambda: server.serving,
-        metrics=metrics if metrics_endpoint else None,
-        health=health,
-        metrics_auth=metrics_auth,
+    accept = partial(
+        serve_peer,
+        node,
+        request_timeout=request_timeout,
+        handshake_timeout=handshake_timeout,
+        outgoing_frames=outgoing_frames,
+        metrics=server.metrics,
+        peers=server.connections,
+        bounds=bounds,
     )
+    await _start(
+        server,
+        _admitting(Admission(total=max_connections, per_ip=max_connections_per_ip), accept),
+        _http_answers(server, health=health, expose=metrics_endpoint, auth=metrics_auth),
+        sock or bind(host, port),
+        ssl=ssl,
+        compression=compression,
+        unfinished_timeout=unfinished_timeout,
+    )
+    return server
 
-    admission = Admission(total=max_connections, per_ip=max_connections_per_ip)
+
+def _admitting(
+    admission: Admission, accept: Callable[[Transport], Awaitable[object]]
+) -> Callable[[ServerConnection], Awaitable[None]]:
+    """The websockets handler: a connection within the ``admission`` bounds is served
+    with ``accept`` until it closes; one beyond them is closed at once (1013)."""
 
     async def handler(websocket: ServerConnection) -> None:
         address = websocket.remote_address[0] if websocket.remote_address else "?"
@@ -513,18 +541,24 @@ async def serve(
             await websocket.close(1013, close_reason(exc))  # 1013: try again later
             return
         try:
-            await serve_peer(
-                node,
-                ServedWebsocket(websocket),
-                request_timeout=request_timeout,
-                handshake_timeout=handshake_timeout,
-                outgoing_frames=outgoing_frames,
-                metrics=metrics,
-                peers=server.connections,
-                bounds=bounds,
-            )
+            await accept(ServedWebsocket(websocket))
         finally:
             admission.leave(str(address))
+
+    return handler
+
+
+def _http_answers(
+    server: Server, *, health: bool, expose: bool, auth: Callable[[bytes], bool] | None
+) -> Callable[[ServerConnection, Request], Response | None]:
+    """websockets' ``process_request``: ``/healthz`` and (if ``expose``) ``/metrics``
+    answered over plain HTTP; while draining, any other request is refused with 503."""
+    endpoints = HttpEndpoints(
+        serving=lambda: server.serving,
+        metrics=server.metrics if expose else None,
+        health=health,
+        metrics_auth=auth,
+    )
 
     def process_request(connection: ServerConnection, request: Request) -> Response | None:
         answer = endpoints.answer("GET", request.path, request.headers.get("Authorization"))
@@ -532,14 +566,30 @@ async def serve(
             answer = HttpAnswer(503, "text/plain; charset=utf-8", b"draining\n")
         return None if answer is None else _response(answer)
 
+    return process_request
+
+
+async def _start(
+    server: Server,
+    handler: Callable[[ServerConnection], Awaitable[None]],
+    answers: Callable[[ServerConnection, Request], Response | None],
+    sock: socket.socket,
+    *,
+    ssl: ssl_module.SSLContext | None,
+    compression: str | None,
+    unfinished_timeout: float,
+) -> None:
+    """Listen on ``sock`` with websockets, bounded as the module docstring says, and
+    watch the node (metrics, commit logs) until the server closes."""
+    node = server.node
     ws_server = await ws_serve(
         handler,
-        sock=sock or bind(host, port),
+        sock=sock,
         ssl=ssl,
         max_size=node.limits.max_frame_bytes,
         max_queue=QUEUED_FRAMES,
         compression=compression,
-        process_request=process_request,
+        process_request=answers,
         ping_interval=20,
         close_timeout=2,  # a peer that will not finish the closing handshake is cut off
         create_connection=_connection_class(
@@ -548,7 +598,7 @@ async def serve(
     )
     from mycelia import __version__  # noqa: PLC0415 - the package imports this module
 
-    removers = (metrics.watch(node, version=__version__), node.on_change(_log_commit))
+    removers = (server.metrics.watch(node, version=__version__), node.on_change(_log_commit))
 
     def unwatch() -> None:
         for remove in removers:
@@ -556,7 +606,6 @@ async def serve(
 
     server.listening(ws_server, unwatch)
     log.debug("serving node %s on %s", node.node_id, server.url)
-    return server
 
 
 def _log_commit(changes: list[EntityChange]) -> None:
