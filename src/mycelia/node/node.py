@@ -132,6 +132,10 @@ class Node:
             self._listeners.append(self._feed.reported)
         self._gate = Gatekeeper(policy, lambda: self._root)
         self._me = Identity(key, durable, limits, lambda: self._root, self._entropy)
+        self._session = partial(
+            PeerConnection, me=self._me, gate=self._gate, answers=self._responder
+        )
+        """A session with a peer: this node's identity, gate and answers."""
         self._connection: Connection | None = None
         self._parts = self._new_parts()
 
@@ -424,11 +428,8 @@ class Node:
         """A connection for a peer that dialed in over ``transport`` (``serve`` calls this;
         drive it with ``await peer.run()``)."""
         self._check_open()
-        return PeerConnection(
+        return self._session(
             transport,
-            me=self._me,
-            gate=self._gate,
-            answers=self._responder,
             dialed=False,
             request_timeout=request_timeout,
             handshake_timeout=handshake_timeout,
@@ -569,11 +570,8 @@ class Node:
         self, transport: Transport, *, token: bytes | None, request_timeout: float
     ) -> PeerConnection:
         """A session with the durable peer over a transport this node dialed."""
-        return PeerConnection(
+        return self._session(
             transport,
-            me=self._me,
-            gate=self._gate,
-            answers=self._responder,
             dialed=True,
             token=token,
             on_update=self._upstream.on_update,
