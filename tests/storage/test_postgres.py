@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
 import psycopg
 import pytest
@@ -11,10 +12,11 @@ from psycopg import sql
 
 from mycelia import Node
 from mycelia.errors import StorageError, StorageNotFound
-from mycelia.proto import EntityId
+from mycelia.proto import AdmittedEvent, Clock, EntityId
+from mycelia.proto.query import parse
 from mycelia.retrieval import WriteBatch
 from mycelia.storage.postgres import SCHEMA_VERSION, PostgresStorage
-from mycelia.storage.testing import History, state_of
+from mycelia.storage.testing import History, engine_content, state_of
 from tests.storage.conftest import PostgresSchemas
 from tests.storage.crash_child import Counter
 from tests.storage.test_crash import REPO
@@ -81,8 +83,9 @@ async def test_without_notify_the_feed_is_still_seen_by_polling(
         await reader.close()
 
 
+@pytest.mark.parametrize("at_once", [False, True], ids=["pipelined", "write_batch"])
 async def test_concurrent_writers_in_two_engines_never_make_a_reader_skip(
-    pg_schemas: PostgresSchemas,
+    pg_schemas: PostgresSchemas, at_once: bool
 ) -> None:
     schema = pg_schemas.new_schema()
     engines = [
@@ -108,7 +111,11 @@ async def test_concurrent_writers_in_two_engines_never_make_a_reader_skip(
     reader = asyncio.ensure_future(read_continuously())
     try:
         writes = [
-            engines[i % 2].write(WriteBatch((h.g,), (state_of([h.g]),)))
+            engines[i % 2].write(
+                WriteBatch(
+                    (h.g,), (state_of([h.g]),), bases={h.entity_id: Clock()} if at_once else {}
+                )
+            )
             for i, h in enumerate(histories)
         ]
         results = await asyncio.gather(*writes)
@@ -119,6 +126,51 @@ async def test_concurrent_writers_in_two_engines_never_make_a_reader_skip(
         reader.cancel()
         for engine in engines:
             await engine.close()
+
+
+async def test_a_batch_made_on_the_stored_heads_is_one_statement_and_stores_the_same(
+    pg_schemas: PostgresSchemas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches that name the stored head each state was made on are written by
+    ``write_batch`` in one statement; one whose base is not the stored head any more (a
+    concurrent writer's) falls back to the row-locked write, which joins what it can read
+    (these synthetic states it stores as written). Either way the engine ends up holding
+    what the pipelined write alone stores: events, states, field index and feed."""
+    h = History.make()
+    empty, g, a = Clock(), Clock([h.g.id]), Clock([h.a.id])
+    batches: list[tuple[AdmittedEvent, dict[str, object], Clock]] = [
+        (h.g, {"v": 0}, empty),
+        (h.a, {"v": 1}, g),
+        (h.c, {"v": 2}, a),
+        (h.b, {"v": 3}, g),  # made on g, but c is stored: the row-locked write
+        (h.m, {"v": 4}, Clock([h.b.id])),
+    ]
+    contents, fetched = [], []
+    for at_once in (False, True):
+        engine = await PostgresStorage(pg_schemas.dsn, schema=pg_schemas.new_schema()).open()
+        single: list[bool] = []
+        real = engine._write_at_once
+
+        async def counted(
+            pool: Any, params: list[Any], real: Any = real, single: list[bool] = single
+        ) -> Any:
+            done = await real(pool, params)
+            single.append(done is not None)
+            return done
+
+        monkeypatch.setattr(engine, "_write_at_once", counted)
+        try:
+            for event, values, base in batches:
+                bases = {h.entity_id: base} if at_once else {}
+                state = state_of([event], values)
+                await engine.write(WriteBatch((event,), (state,), bases=bases))
+            contents.append(await engine_content(engine))
+            fetched.append([s.values for s in await engine.fetch("items", parse("v >= 0"))])
+        finally:
+            await engine.close()
+        assert single == ([True, True, True, False, True] if at_once else [])
+    assert contents[0] == contents[1]
+    assert fetched[0] == fetched[1] == [{"v": 4}]
 
 
 async def test_engines_opening_together_migrate_once(pg_schemas: PostgresSchemas) -> None:

@@ -21,7 +21,7 @@ from types import TracebackType
 
 from mycelia.entity.entity import Entity, Snapshot
 from mycelia.errors import MyceliaError, PayloadTooLarge
-from mycelia.proto import AdmittedEvent, EntityId, EventId
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EventId
 from mycelia.retrieval import CachedGetter, EventSource, LocalGetter, StoredState, WriteBatch
 
 __all__ = [
@@ -134,22 +134,23 @@ class Run:
         # One pass over the plans (a local commit has one): this runs on every commit.
         events: list[AdmittedEvent] = []
         latest: dict[EntityId, Entity] = {}
+        bases: dict[EntityId, Clock] = {}  # the head each entity had before the run
         grown: set[EntityId] = set()
         for plan in self.plans:
             events += plan.staged
             entity = plan.entity
-            if plan.applied:
-                grown.add(entity.entity_id)
+            if plan.applied or plan.snapshot:
+                if plan.applied:
+                    grown.add(entity.entity_id)
                 latest[entity.entity_id] = entity
-            elif plan.snapshot:
-                latest[entity.entity_id] = entity
+                bases.setdefault(entity.entity_id, plan.before.head)
         states = tuple(
             StoredState(entity.to_state(), entity.snapshot().values)
             for entity in latest.values()
             if entity.exists
         )
         check_sizes(states, grown, max_entity_bytes)
-        return WriteBatch(tuple(events), states, self.meta, self.forget)
+        return WriteBatch(tuple(events), states, self.meta, self.forget, bases)
 
     def changes(self) -> list[EntityChange]:
         """What the run changed, once written, per plan. A snapshot that only moves the head,

@@ -25,7 +25,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId
 
 __all__ = [
     "EntityStore",
@@ -82,6 +82,12 @@ class WriteBatch:
     the batch is written: how an ephemeral node's cache lets go of an entity whose local
     commits its durable peer refused (ARCHITECTURE.md §7). Forgetting writes no feed row;
     a state written for the same entity in the same batch writes one as usual."""
+    bases: Mapping[EntityId, Clock] = field(default_factory=dict)
+    """Per written state's entity, the stored head its state was made on (what the writer
+    read or last wrote; empty for an entity it found none of): the state descends from it.
+    An engine that other processes write may take a stored head still equal to it as proof
+    that no join is needed (:mod:`mycelia.storage.postgres_write`); any other engine
+    ignores it. An entity missing here proves nothing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,11 @@ Schema (all tables in the PostgreSQL schema named by ``schema=``, default ``myce
 - ``events(id bytea PK, entity_id, generation, parents, body)`` — ``parents`` is the
   concatenated 32-byte parent ids, so read-ahead can walk ancestors in SQL; an index on
   ``(entity_id, generation, id)`` serves ``events_of`` parents first;
-- ``states(entity_id PK, collection, state, values_raw, values)`` — ``values_raw`` is the
-  exact msgpack of the values; ``values`` is a JSONB projection for SQL (bytes become
+- ``states(entity_id PK, collection, state, values_raw, values, head)`` — ``values_raw`` is
+  the exact msgpack of the values; ``values`` is a JSONB projection for SQL (bytes become
   ``{"$bytes": base64}``, non-finite floats ``{"$float": "inf"}``, NUL characters in
-  strings U+FFFD — JSONB cannot hold them); an index on ``(collection, entity_id)``;
+  strings U+FFFD — JSONB cannot hold them); ``head`` the state's head ids concatenated
+  (NULL for a state last written before version 4); an index on ``(collection, entity_id)``;
 - ``feed("offset" PK, entity_id, collection, head)`` and the one-row ``feed_clock(last)``;
 - ``field_keys(entity_id, field, collection, key)`` (PK ``(entity_id, field)``) — one row per
   top-level field of a state holding a bool, number, string or bytes, ``key`` being
@@ -23,7 +24,8 @@ Schema (all tables in the PostgreSQL schema named by ``schema=``, default ``myce
   longer than ``MAX_INDEXED_KEY`` (a *long* entry), ``field`` its UTF-8; a btree on
   ``(collection, field, key, entity_id)`` serves ``fetch``;
 - ``meta(key PK, value)``; ``version(version)``: the schema version (2 added
-  ``field_keys``; migrating to it indexes every stored state; 3 added ``node_keys``);
+  ``field_keys``; migrating to it indexes every stored state; 3 added ``node_keys``; 4 the
+  states' ``head`` and the function ``write_batch``);
 - ``node_keys(name PK, key)`` — node keys kept per node name (:meth:`PostgresStorage.node_key`),
   for server processes that keep nothing on their disk. They are not part of a dump.
 
@@ -35,8 +37,10 @@ Invariants:
 - Every write batch is **one transaction**: events (``ON CONFLICT DO NOTHING ... RETURNING
   id`` tells which were new), states and their ``field_keys`` rows (replaced whole), feed
   rows, meta (:mod:`mycelia.storage.postgres_write`, whose invariants say how several
-  processes committing to one entity at once lose no head and orphan no event). A
-  transaction aborted to break a deadlock is run again.
+  processes committing to one entity at once lose no head and orphan no event). A batch
+  whose states were all made on the heads still stored is that transaction in one
+  statement (``write_batch``, a compare-and-set on ``head``). A transaction aborted to
+  break a deadlock is run again.
 - ``fetch`` returns exactly ``sort_rows`` over ``scan``: what maps exactly is pushed down
   (one indexed range or set of keys, as parameters: see :mod:`mycelia.storage.plan`), the
   field's long entries are added (kept if their recomputed key is in range), the whole
@@ -112,6 +116,8 @@ from mycelia.storage.postgres_write import (
     events_query,
     new_ids,
     offsets,
+    write_at_once,
+    write_batch_params,
 )
 from mycelia.storage.recent import RecentEvents
 from mycelia.storage.staging import Spill, load_batches, stale_load
@@ -237,7 +243,7 @@ class PostgresStorage:
                     f"this engine knows up to {SCHEMA_VERSION}"
                 )
             for version in range(current + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS[version - 1].split(";"):
+                for statement in MIGRATIONS[version - 1]:
                     await conn.execute(sql.SQL(statement).format(s=s))
                 if version == FIELD_KEYS_VERSION:
                     await self._index_every_state(conn)
@@ -568,11 +574,13 @@ class PostgresStorage:
     async def write(self, batch: WriteBatch) -> WriteResult:
         """Make ``batch`` durable in one transaction; raises StorageError, writing nothing.
 
-        Each state is written under its row lock, joined with a state another process
-        stored meanwhile (:mod:`mycelia.storage.join`). A transaction that PostgreSQL
-        aborts to break a deadlock between writers is run again (it wrote nothing). The
-        statements are pipelined: the transaction costs two round trips to the server
-        (three with a join), whatever the batch holds.
+        A batch whose states were all made on the heads still stored (``batch.bases``) is
+        written by one statement, ``write_batch``: one round trip, its commit included.
+        Otherwise (or when a stored head moved meanwhile: that statement then writes
+        nothing) each state is written under its row lock, joined with a state another
+        process stored meanwhile (:mod:`mycelia.storage.join`), in pipelined statements:
+        two round trips, three with a join. A transaction that PostgreSQL aborts to break
+        a deadlock between writers is run again (it wrote nothing).
         """
         states = state_rows(batch)  # encodes first: a bad state fails before any I/O
         if not (batch.events or states or batch.meta or batch.forget):
@@ -581,8 +589,17 @@ class PostgresStorage:
         pool = await self._ready()
         if batch.forget:
             self._recent.forget_entities(frozenset(batch.forget))
+        at_once = write_batch_params(
+            batch, states, channel=self.channel, writer=self._listener.writer
+        )
         for attempt in range(1, _ATTEMPTS + 1):
             try:
+                written = None if at_once is None else await self._write_at_once(pool, at_once)
+                if written is not None:
+                    rows, (new, last) = states, written
+                    taken = tuple(range(last - len(rows) + 1, last + 1))
+                    break
+                at_once = None  # a stored head moved: this batch joins, however often it runs
                 async with pool.connection() as conn:
                     async with conn.pipeline(), conn.transaction():
                         txn = self._transaction(conn)
@@ -606,6 +623,12 @@ class PostgresStorage:
             self._note_written(rows, taken)
             self._listener.announce(taken[-1])
         return WriteResult(new, taken)
+
+    async def _write_at_once(
+        self, pool: AsyncConnectionPool[Any], params: list[Any]
+    ) -> tuple[frozenset[EventId], int] | None:
+        async with pool.connection() as conn:
+            return await write_at_once(conn, self._q["write_batch"], params)
 
     def _transaction(self, conn: psycopg.AsyncConnection[Any]) -> WriteTransaction:
         return WriteTransaction(conn, self._q, channel=self.channel, writer=self._listener.writer)

@@ -74,8 +74,56 @@ CREATE INDEX field_keys_by_key ON {s}.field_keys (collection, field, key, entity
 _V3: Final = """
 CREATE TABLE IF NOT EXISTS {s}.node_keys (name text PRIMARY KEY, key bytea NOT NULL)
 """
-MIGRATIONS: Final = (_V1, _V2, _V3)
-"""Migration *n* (1-based) brings the schema from version n-1 to n."""
+_V4_HEAD: Final = "ALTER TABLE {s}.states ADD COLUMN IF NOT EXISTS head bytea"
+_V4_WRITE: Final = """CREATE OR REPLACE FUNCTION {s}.write_batch(
+    e_ids bytea[], e_ents bytea[], e_gens bigint[], e_parents bytea[], e_bodies bytea[],
+    s_ents bytea[], s_cols text[], s_states bytea[], s_raws bytea[], s_vals text[],
+    s_heads bytea[], s_bases bytea[],
+    k_ents bytea[], k_fields bytea[], k_cols text[], k_keys bytea[],
+    channel text, writer text, OUT new_ids bytea[], OUT last bigint)
+LANGUAGE plpgsql AS $write$
+DECLARE
+    placed bigint;
+BEGIN
+    WITH added AS (INSERT INTO {s}.events (id, entity_id, generation, parents, body)
+            SELECT * FROM unnest(e_ids, e_ents, e_gens, e_parents, e_bodies)
+            ON CONFLICT (id) DO NOTHING RETURNING id)
+    SELECT array_agg(id) INTO new_ids FROM added;
+    WITH t AS (SELECT * FROM unnest(s_ents, s_cols, s_states, s_raws, s_vals, s_heads, s_bases)
+            AS t(e, c, st, r, j, h, b)),
+        updated AS (UPDATE {s}.states AS s SET state = t.st, values_raw = t.r,
+                "values" = t.j::jsonb, head = t.h
+            FROM t WHERE s.entity_id = t.e AND t.b <> '' AND s.head = t.b RETURNING 1),
+        inserted AS (INSERT INTO {s}.states (entity_id, collection, state, values_raw,
+                "values", head)
+            SELECT e, c, st, r, j::jsonb, h FROM t WHERE t.b = ''
+            ON CONFLICT (entity_id) DO NOTHING RETURNING 1)
+    SELECT (SELECT count(*) FROM updated) + (SELECT count(*) FROM inserted) INTO placed;
+    IF placed <> cardinality(s_ents) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MYC01', MESSAGE = 'a stored head moved';
+    END IF;
+    DELETE FROM {s}.field_keys WHERE entity_id = ANY(s_ents);
+    INSERT INTO {s}.field_keys (entity_id, field, collection, key)
+        SELECT * FROM unnest(k_ents, k_fields, k_cols, k_keys);
+    UPDATE {s}.feed_clock SET last = feed_clock.last + cardinality(s_ents) WHERE id = 1
+        RETURNING feed_clock.last INTO last;
+    INSERT INTO {s}.feed ("offset", entity_id, collection, head)
+        SELECT last - cardinality(s_ents) + r.n, r.e, r.c, r.h
+        FROM unnest(s_ents, s_cols, s_heads) WITH ORDINALITY AS r(e, c, h, n);
+    PERFORM pg_notify(channel, last::text || ' ' || writer);
+END
+$write$"""
+MIGRATIONS: Final = (
+    tuple(_V1.split(";")),
+    tuple(_V2.split(";")),
+    (_V3,),
+    (_V4_HEAD, _V4_WRITE),
+)
+"""Migration *n* (1-based) brings the schema from version n-1 to n: its statements, in
+order. Version 4 added the states' ``head`` column (NULL until the state is written again)
+and ``write_batch``, a whole write in one statement (see ``write_batch`` below)."""
+HEAD_MOVED: Final = "MYC01"
+"""The SQLSTATE ``write_batch`` raises when a stored head is not the batch's base."""
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 FIELD_KEYS_VERSION: Final = 2
 """The migration that added ``field_keys`` (the engine then indexes every stored state)."""
@@ -85,20 +133,26 @@ _STATEMENTS: Final = {
         SELECT * FROM unnest(%b::bytea[], %b::bytea[], %b::bigint[], %b::bytea[], %b::bytea[])
         ON CONFLICT (id) DO NOTHING RETURNING id""",
     "insert_new_states": """INSERT INTO {s}.states (entity_id, collection, state, values_raw,
-            "values")
-        SELECT e, c, st, r, j::jsonb FROM unnest(%b::bytea[], %s::text[], %b::bytea[],
-            %b::bytea[], %s::text[]) AS t(e, c, st, r, j)
+            "values", head)
+        SELECT e, c, st, r, j::jsonb, h FROM unnest(%b::bytea[], %s::text[], %b::bytea[],
+            %b::bytea[], %s::text[], %b::bytea[]) AS t(e, c, st, r, j, h)
         ON CONFLICT (entity_id) DO NOTHING RETURNING entity_id""",
     "lock_states": """SELECT entity_id, state FROM {s}.states WHERE entity_id = ANY(%b::bytea[])
         ORDER BY entity_id FOR UPDATE""",
     "node_key_put": """INSERT INTO {s}.node_keys (name, key) VALUES (%s, %b)
         ON CONFLICT (name) DO NOTHING""",
     "node_key": "SELECT key FROM {s}.node_keys WHERE name = %s",
-    "upsert_states": """INSERT INTO {s}.states (entity_id, collection, state, values_raw, "values")
-        SELECT e, c, st, r, j::jsonb FROM unnest(%b::bytea[], %s::text[], %b::bytea[],
-            %b::bytea[], %s::text[]) AS t(e, c, st, r, j)
+    "upsert_states": """INSERT INTO {s}.states (entity_id, collection, state, values_raw,
+            "values", head)
+        SELECT e, c, st, r, j::jsonb, h FROM unnest(%b::bytea[], %s::text[], %b::bytea[],
+            %b::bytea[], %s::text[], %b::bytea[]) AS t(e, c, st, r, j, h)
         ON CONFLICT (entity_id) DO UPDATE SET state = excluded.state,
-            values_raw = excluded.values_raw, "values" = excluded."values\"""",
+            values_raw = excluded.values_raw, "values" = excluded."values",
+            head = excluded.head""",
+    "write_batch": """SELECT new_ids, last FROM {s}.write_batch(%b::bytea[], %b::bytea[],
+            %b::bigint[], %b::bytea[], %b::bytea[], %b::bytea[], %s::text[], %b::bytea[],
+            %b::bytea[], %s::text[], %b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[],
+            %s::text[], %b::bytea[], %s, %s)""",
     "append_feed": """WITH clock AS (
             UPDATE {s}.feed_clock SET last = last + cardinality(%(e)b::bytea[]) WHERE id = 1
             RETURNING last),

@@ -14,6 +14,12 @@ Invariants:
   stored instead (:mod:`mycelia.storage.join`), and the feed row names it.
 - A state's ``field_keys`` rows are replaced whole with it, so the field index never
   disagrees with the states a reader sees.
+- ``write_batch`` (the SQL function, :func:`write_batch_params`) is the whole transaction in
+  one statement, for a batch whose every state names the stored head it was made on: it
+  locks and updates each state's row only where the stored ``head`` still equals that
+  base (an empty base: inserts, where no row exists), and otherwise raises
+  :data:`~mycelia.storage.postgres_sql.HEAD_MOVED` and writes nothing. The state then
+  descends from the stored one, so it needs no join; its locks come in the same order.
 - The cursors these methods return are read after the commit (pipelined statements):
   :func:`new_ids` for the events that were new, :func:`offsets` for the feed offsets.
 """
@@ -30,7 +36,14 @@ from psycopg import sql
 from mycelia.proto import AdmittedEvent, EntityState, EventId
 from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage.join import covers, join_stored
-from mycelia.storage.postgres_sql import StateRow, admitted, decode_state, key_columns, state_row
+from mycelia.storage.postgres_sql import (
+    HEAD_MOVED,
+    StateRow,
+    admitted,
+    decode_state,
+    key_columns,
+    state_row,
+)
 
 __all__ = [
     "WriteTransaction",
@@ -38,6 +51,7 @@ __all__ = [
     "events_query",
     "new_ids",
     "offsets",
+    "write_batch_params",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,7 +77,34 @@ async def offsets(cursor: psycopg.AsyncCursor[Any], count: int) -> tuple[int, ..
 
 def state_columns(rows: Sequence[StateRow]) -> list[list[Any]]:
     """The ``upsert_states`` / ``insert_new_states`` parameters: one array per column."""
-    return [list(c) for c in zip(*(r[:5] for r in rows), strict=True)]
+    return [list(c) for c in zip(*(r[:6] for r in rows), strict=True)]
+
+
+def write_batch_params(
+    batch: WriteBatch, rows: Sequence[StateRow], *, channel: str, writer: str
+) -> list[Any] | None:
+    """The parameters of the ``write_batch`` statement for ``batch`` (its encoded state
+    ``rows``), or ``None`` when it cannot write the batch: it writes events and the states
+    of distinct entities, each made on a known base (``batch.bases``), with no meta and
+    nothing forgotten. It raises :data:`HEAD_MOVED`, writing nothing, unless every stored
+    head still equals its state's base (an empty base: no state stored yet), so that every
+    state it writes descends from the stored one and no join is needed."""
+    if batch.meta or batch.forget or not rows:
+        return None
+    bases = {bytes(e): b"".join(head.ids) for e, head in batch.bases.items()}
+    entities = [r[0] for r in rows]
+    if len(set(entities)) != len(entities) or not all(e in bases for e in entities):
+        return None
+    ordered = sorted(batch.events, key=lambda e: e.id)  # one order for every writer's locks
+    keys = key_columns([(r[0], r[1], r[6]) for r in rows])
+    return [
+        *event_columns(ordered),
+        *state_columns(rows),
+        [bases[e] for e in entities],
+        *keys,
+        channel,
+        writer,
+    ]
 
 
 def events_query(ids: Collection[EventId], ahead: int) -> tuple[str, Any]:
@@ -83,6 +124,23 @@ def event_columns(events: Sequence[AdmittedEvent]) -> list[list[Any]]:
         [b"".join(e.parent.ids) for e in events],
         [e.event.to_bytes() for e in events],
     ]
+
+
+async def write_at_once(
+    conn: psycopg.AsyncConnection[Any], statement: sql.Composed, params: list[Any]
+) -> tuple[frozenset[EventId], int] | None:
+    """Run ``write_batch`` on ``conn`` (in autocommit: the statement is its transaction);
+    returns the new events and the last feed offset taken, or ``None`` if a stored head
+    moved (nothing was written then)."""
+    try:
+        cursor = await conn.execute(statement, params)
+    except psycopg.DatabaseError as exc:
+        if exc.sqlstate == HEAD_MOVED:
+            return None
+        raise
+    row = await cursor.fetchone()
+    assert row is not None
+    return frozenset(EventId._trusted(i) for i in row[0] or ()), int(row[1])
 
 
 class WriteTransaction:
