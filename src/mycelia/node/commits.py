@@ -28,10 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from mycelia.entity import Applier, Entity, EventCheck, ForkBase
 from mycelia.errors import (
@@ -49,7 +48,7 @@ from mycelia.errors import (
     SystemError_,
     error_class,
 )
-from mycelia.node.budget import Pool
+from mycelia.node.flight import DONE, WINDOW, Flight, Gate, Pending, either
 from mycelia.node.outbox import Outbox, Owed
 from mycelia.node.ports import Commit, MakeRequest, Session
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, Event, EventId, Limits
@@ -68,11 +67,6 @@ __all__ = ["WINDOW", "CommitPipeline", "LocalCommits", "Rejection"]
 
 log = logging.getLogger(__name__)
 
-WINDOW: Final = 128
-"""Most commits in flight to the durable peer at once."""
-FLIGHT_BYTES: Final = 16 * 1024 * 1024
-"""Most bytes of events in flight to the durable peer at once (what the peer reads of one
-connection before it stops reading: ``mycelia.node.budget.INCOMING_BYTES``)."""
 REJECTIONS_KEPT: Final = 1024
 """Rejection records a slow reader of ``rejections()`` may fall behind by (then dropped)."""
 FRAME_MARGIN: Final = 64 * 1024
@@ -124,22 +118,6 @@ class _SessionOver(Exception):
     """This session will give no more verdicts: stop pushing; the next one pushes again."""
 
 
-class _Done:
-    """The handle of a commit that needs no confirmation (durable here, or a no-op)."""
-
-    def done(self) -> bool:
-        return True
-
-    async def confirmed(self) -> None:
-        return None
-
-    async def settled(self) -> None:
-        return None
-
-
-DONE: Final = _Done()
-
-
 class LocalCommits:
     """A durable node's commits: done once written here."""
 
@@ -156,136 +134,6 @@ class LocalCommits:
         """Commit here (durable once this returns)."""
         await self._applier.commit_local(events, bases=bases, check=check)
         return DONE
-
-
-class _Pending:
-    """One owed commit and its waiters (the :class:`~mycelia.node.ports.Commit` handle)."""
-
-    __slots__ = ("_future", "_pipeline", "owed")
-
-    def __init__(self, owed: Owed, pipeline: CommitPipeline) -> None:
-        self.owed = owed
-        self._pipeline = pipeline
-        self._future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._future.add_done_callback(_retrieve)
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    async def confirmed(self) -> None:
-        await asyncio.shield(self._future)
-
-    async def settled(self) -> None:
-        if not self._future.done() and self._pipeline.ready():
-            await _either(asyncio.shield(self._future), self._pipeline.session_over())
-        if self._future.done():
-            self._future.result()
-
-    def outcome(self) -> Awaitable[None]:
-        """The commit's outcome, to wait on without cancelling it."""
-        return asyncio.shield(self._future)
-
-    def succeed(self) -> None:
-        if not self._future.done():
-            self._future.set_result(None)
-
-    def fail(self, error: MyceliaError) -> None:
-        if not self._future.done():
-            self._future.set_exception(error)
-
-
-async def _either(first: Awaitable[object], second: Awaitable[object]) -> None:
-    """Wait until one of two awaitables is done (the other is cancelled)."""
-    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    """Mark an outcome seen: nobody need wait for a commit (asyncio would warn)."""
-    if not future.cancelled():
-        future.exception()
-
-
-class _Gate:
-    """Local commits share it; a revert takes it alone, after those in progress finish."""
-
-    def __init__(self) -> None:
-        self._active = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._open = asyncio.Event()
-        self._open.set()
-
-    @asynccontextmanager
-    async def shared(self) -> AsyncIterator[None]:
-        await self._open.wait()
-        self._active += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self._active -= 1
-            if not self._active:
-                self._idle.set()
-
-    @asynccontextmanager
-    async def exclusive(self) -> AsyncIterator[None]:
-        self._open.clear()
-        try:
-            await self._idle.wait()
-            yield
-        finally:
-            self._open.set()
-
-
-class _Flight:
-    """The commits in flight on one session, oldest first: at most WINDOW of them and
-    :data:`FLIGHT_BYTES` of their events (one larger commit goes alone)."""
-
-    def __init__(self) -> None:
-        self._items: deque[tuple[_Pending, asyncio.Future[Message]]] = deque()
-        self._sizes: deque[int] = deque()
-        self._room = asyncio.Semaphore(WINDOW)
-        self._bytes = Pool(FLIGHT_BYTES)
-        self._arrived = asyncio.Event()
-
-    async def slot(self, size: int) -> None:
-        await self._room.acquire()
-        try:
-            await self._bytes.take(size)
-        except BaseException:
-            self._room.release()
-            raise
-
-    def add(self, pending: _Pending, future: asyncio.Future[Message], size: int) -> None:
-        self._items.append((pending, future))
-        self._sizes.append(size)
-        self._arrived.set()
-
-    async def oldest(self) -> tuple[_Pending, asyncio.Future[Message]]:
-        while not self._items:
-            self._arrived.clear()
-            await self._arrived.wait()
-        return self._items[0]
-
-    def pop(self) -> tuple[_Pending, asyncio.Future[Message]]:
-        item = self._items.popleft()
-        self._bytes.give(self._sizes.popleft())
-        self._room.release()
-        return item
-
-    def release(self, size: int) -> None:
-        """Give back a slot taken for a commit that was not sent after all."""
-        self._bytes.give(size)
-        self._room.release()
-
-    def __bool__(self) -> bool:
-        return bool(self._items)
 
 
 class CommitPipeline:
@@ -308,11 +156,11 @@ class CommitPipeline:
         self.ready = ready
         """Whether the durable peer is connected and ready (the upstream says)."""
         self._timeout = request_timeout
-        self._owed: dict[int, _Pending] = {}
-        self._queue: deque[_Pending] = deque()
+        self._owed: dict[int, Pending] = {}
+        self._queue: deque[Pending] = deque()
         self._wake = asyncio.Event()
         self._paused = False
-        self._gate = _Gate()
+        self._gate = Gate()
         self._over = asyncio.Event()
         self._over.set()
         self._to_settle: list[Owed] = []
@@ -322,9 +170,12 @@ class CommitPipeline:
     async def load(self) -> None:
         """Take up the commits owed since an earlier run (call once, at open)."""
         for owed in await self._outbox.load():
-            self._owed[owed.seq] = _Pending(owed, self)
+            self._owed[owed.seq] = self._pending(owed)
 
     # -- committing ----------------------------------------------------------------------
+
+    def _pending(self, owed: Owed) -> Pending:
+        return Pending(owed, ready=self.ready, session_over=self.session_over)
 
     def base(self, entity: Entity) -> ForkBase:
         """What a fork of ``entity`` taken now starts from."""
@@ -351,7 +202,7 @@ class CommitPipeline:
             await self._applier.commit_local(events, bases=bases, check=check, record=record)
         if owed is None or not owed.events:
             return DONE
-        pending = self._owed[owed.seq] = _Pending(owed, self)
+        pending = self._owed[owed.seq] = self._pending(owed)
         self._queue.append(pending)
         self._wake.set()
         return pending
@@ -398,7 +249,7 @@ class CommitPipeline:
         """Push owed commits over ``session`` and take their answers, until it ends."""
         self._queue = deque(self._owed.values())
         self._over.clear()
-        flight = _Flight()
+        flight = Flight()
         tasks = [
             asyncio.ensure_future(self._send(session, flight)),
             asyncio.ensure_future(self._confirm(session, flight)),
@@ -422,9 +273,9 @@ class CommitPipeline:
         """Wait until every commit owed now is confirmed or reverted (or the session ends)."""
         waiting = [p.outcome() for p in self._owed.values()]
         if waiting:
-            await _either(asyncio.gather(*waiting, return_exceptions=True), session.wait_closed())
+            await either(asyncio.gather(*waiting, return_exceptions=True), session.wait_closed())
 
-    async def _send(self, session: Session, flight: _Flight) -> None:
+    async def _send(self, session: Session, flight: Flight) -> None:
         while True:
             pending = await self._next_unsent()
             size = sum(len(e.event.to_bytes()) for e in pending.owed.events)
@@ -436,7 +287,7 @@ class CommitPipeline:
                 continue
             flight.add(pending, session.submit(_commit_request(pending.owed)), size)
 
-    async def _next_unsent(self) -> _Pending:
+    async def _next_unsent(self) -> Pending:
         """The oldest owed commit not sent in this session (waits while paused or none)."""
         while True:
             while self._paused or not self._queue:
@@ -446,7 +297,7 @@ class CommitPipeline:
             if pending.owed.seq in self._owed:
                 return pending  # (else settled or reverted meanwhile)
 
-    async def _confirm(self, session: Session, flight: _Flight) -> None:
+    async def _confirm(self, session: Session, flight: Flight) -> None:
         while True:
             pending, future = await flight.oldest()
             try:
@@ -483,7 +334,7 @@ class CommitPipeline:
             raise _SessionOver(str(exc) or "no answer in time") from exc
         return None
 
-    def _confirmed(self, pending: _Pending) -> None:
+    def _confirmed(self, pending: Pending) -> None:
         self._owed.pop(pending.owed.seq, None)
         self._to_settle.append(pending.owed)
         self._settle_wake.set()
@@ -506,7 +357,7 @@ class CommitPipeline:
     # -- reverting -------------------------------------------------------------------------
 
     async def _revert(
-        self, session: Session, flight: _Flight, refused: dict[int, MyceliaError]
+        self, session: Session, flight: Flight, refused: dict[int, MyceliaError]
     ) -> None:
         self._paused = True
         later: list[int] = []
@@ -590,7 +441,7 @@ class CommitPipeline:
         return states
 
     async def _not_held(
-        self, session: Session, kept: list[_Pending], entities: set[EntityId]
+        self, session: Session, kept: list[Pending], entities: set[EntityId]
     ) -> list[AdmittedEvent]:
         """The kept commits' events on ``entities`` that the durable peer does not hold."""
         mine = [e for p in kept for e in p.owed.events if e.entity_id in entities]

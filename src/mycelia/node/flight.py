@@ -1,0 +1,190 @@
+"""The parts of an ephemeral node's commit pipeline (:mod:`mycelia.node.commits`): a commit's
+handle, the window of commits in flight on a session, and the gate a revert closes.
+
+Invariants:
+
+- A :class:`Pending` outcome is settled once (the first verdict wins) and always marked
+  retrieved, so a commit nobody waits for never makes asyncio warn.
+- A :class:`Flight` holds at most :data:`WINDOW` commits and :data:`FLIGHT_BYTES` of their
+  events (a larger commit goes alone); every slot taken is given back exactly once, by
+  :meth:`Flight.pop` or :meth:`Flight.release`.
+- :meth:`Gate.exclusive` waits until no :meth:`Gate.shared` holder is left, and admits no
+  new one meanwhile: a revert never runs beside a local commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+from mycelia.errors import MyceliaError
+from mycelia.node.budget import Pool
+from mycelia.node.outbox import Owed
+from mycelia.proto.messages import Message
+
+__all__ = ["DONE", "FLIGHT_BYTES", "WINDOW", "Flight", "Gate", "Pending", "either"]
+
+WINDOW: Final = 128
+"""Most commits in flight to the durable peer at once."""
+FLIGHT_BYTES: Final = 16 * 1024 * 1024
+"""Most bytes of events in flight to the durable peer at once (what the peer reads of one
+connection before it stops reading: ``mycelia.node.budget.INCOMING_BYTES``)."""
+
+
+class _Done:
+    """The handle of a commit that needs no confirmation (durable here, or a no-op)."""
+
+    def done(self) -> bool:
+        return True
+
+    async def confirmed(self) -> None:
+        return None
+
+    async def settled(self) -> None:
+        return None
+
+
+DONE: Final = _Done()
+
+
+class Pending:
+    """One owed commit and its waiters (the :class:`~mycelia.node.ports.Commit` handle).
+
+    ``settled`` waits for the verdict while ``ready()`` says a session is open, and no
+    longer than until ``session_over()`` returns (the pipeline's)."""
+
+    __slots__ = ("_future", "_ready", "_session_over", "owed")
+
+    def __init__(
+        self,
+        owed: Owed,
+        *,
+        ready: Callable[[], bool],
+        session_over: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.owed = owed
+        self._ready = ready
+        self._session_over = session_over
+        self._future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._future.add_done_callback(_retrieve)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    async def confirmed(self) -> None:
+        await asyncio.shield(self._future)
+
+    async def settled(self) -> None:
+        if not self._future.done() and self._ready():
+            await either(asyncio.shield(self._future), self._session_over())
+        if self._future.done():
+            self._future.result()
+
+    def outcome(self) -> Awaitable[None]:
+        """The commit's outcome, to wait on without cancelling it."""
+        return asyncio.shield(self._future)
+
+    def succeed(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+    def fail(self, error: MyceliaError) -> None:
+        if not self._future.done():
+            self._future.set_exception(error)
+
+
+async def either(first: Awaitable[object], second: Awaitable[object]) -> None:
+    """Wait until one of two awaitables is done (the other is cancelled)."""
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark an outcome seen: nobody need wait for a commit (asyncio would warn)."""
+    if not future.cancelled():
+        future.exception()
+
+
+class Gate:
+    """Local commits share it; a revert takes it alone, after those in progress finish."""
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        await self._open.wait()
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        self._open.clear()
+        try:
+            await self._idle.wait()
+            yield
+        finally:
+            self._open.set()
+
+
+class Flight:
+    """The commits in flight on one session, oldest first: at most WINDOW of them and
+    :data:`FLIGHT_BYTES` of their events (one larger commit goes alone)."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[Pending, asyncio.Future[Message]]] = deque()
+        self._sizes: deque[int] = deque()
+        self._room = asyncio.Semaphore(WINDOW)
+        self._bytes = Pool(FLIGHT_BYTES)
+        self._arrived = asyncio.Event()
+
+    async def slot(self, size: int) -> None:
+        await self._room.acquire()
+        try:
+            await self._bytes.take(size)
+        except BaseException:
+            self._room.release()
+            raise
+
+    def add(self, pending: Pending, future: asyncio.Future[Message], size: int) -> None:
+        self._items.append((pending, future))
+        self._sizes.append(size)
+        self._arrived.set()
+
+    async def oldest(self) -> tuple[Pending, asyncio.Future[Message]]:
+        while not self._items:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return self._items[0]
+
+    def pop(self) -> tuple[Pending, asyncio.Future[Message]]:
+        item = self._items.popleft()
+        self._bytes.give(self._sizes.popleft())
+        self._room.release()
+        return item
+
+    def release(self, size: int) -> None:
+        """Give back a slot taken for a commit that was not sent after all."""
+        self._bytes.give(size)
+        self._room.release()
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
