@@ -33,7 +33,8 @@ Invariants:
 
 - The engine creates and migrates its schema itself, under a transaction-level advisory
   lock (``pg_advisory_xact_lock``), so processes starting together do not race the DDL. A
-  database migrated by a newer engine is refused (StorageError).
+  database migrated by a newer engine is refused (StorageError)
+  (:mod:`mycelia.storage.postgres_schema`).
 - Every write batch is **one transaction**: events (``ON CONFLICT DO NOTHING ... RETURNING
   id`` tells which were new), states and their ``field_keys`` rows (replaced whole), feed
   rows, meta (:mod:`mycelia.storage.postgres_write`, whose invariants say how several
@@ -69,7 +70,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import re
 from collections import OrderedDict, deque
@@ -81,7 +81,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from mycelia.errors import StorageCorrupt, StorageError, StorageNotFound, StorageReadOnly
+from mycelia.errors import StorageCorrupt, StorageError, StorageReadOnly
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
 from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
@@ -92,18 +92,16 @@ from mycelia.storage.engine import (
     decode_values,
     entity_records,
 )
-from mycelia.storage.plan import IndexPlan, check_bound, index_entries, plan_query
+from mycelia.storage.plan import IndexPlan, check_bound, plan_query
 from mycelia.storage.postgres_listen import FeedListener
+from mycelia.storage.postgres_schema import check_schema, lock_key, migrate
 from mycelia.storage.postgres_sql import (
-    FIELD_KEYS_VERSION,
-    MIGRATIONS,
     QUERIES,
     SCHEMA_VERSION,
     StateRow,
     admitted,
     clock,
     decode_state,
-    key_columns,
     long_rows,
     matching,
     merge_rows,
@@ -143,11 +141,6 @@ _ATTEMPTS: Final = 5
 """Runs of a write transaction that PostgreSQL aborted to break a deadlock."""
 _WRITTEN: Final = 4096
 """Feed rows of its own writes an engine keeps, to answer ``read_since`` without a query."""
-
-
-def _lock_key(name: str) -> int:
-    """An advisory lock key (a signed 64-bit integer) for ``name``."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
 
 class PostgresStorage:
@@ -212,7 +205,11 @@ class PostgresStorage:
             )  # fmt: skip
             try:
                 await pool.open(wait=True, timeout=self._connect_timeout)
-                await (self._migrate(pool) if self._create else self._check_schema(pool))
+                async with pool.connection() as conn:
+                    if self._create:
+                        await migrate(conn, self.schema, self._q)
+                    else:
+                        await check_schema(conn, self.schema)
             except (psycopg.Error, PoolTimeout) as exc:
                 await pool.close()
                 raise _translate(exc, f"cannot open PostgreSQL schema {self.schema}") from exc
@@ -223,69 +220,6 @@ class PostgresStorage:
             if self._listen_enabled:
                 await self._listener.start(timeout=self._connect_timeout)
             return self
-
-    async def _migrate(self, pool: AsyncConnectionPool[Any]) -> None:
-        key = _lock_key(f"mycelia:{self.schema}")
-        s = sql.Identifier(self.schema)
-        async with pool.connection() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
-            await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
-            await conn.execute(
-                sql.SQL("CREATE TABLE IF NOT EXISTS {}.version (version int NOT NULL)").format(s)
-            )
-            row = await (
-                await conn.execute(sql.SQL("SELECT max(version) FROM {}.version").format(s))
-            ).fetchone()
-            current = (row[0] if row else None) or 0
-            if current > SCHEMA_VERSION:
-                raise StorageError(
-                    f"schema {self.schema} is at version {current}; "
-                    f"this engine knows up to {SCHEMA_VERSION}"
-                )
-            for version in range(current + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS[version - 1]:
-                    await conn.execute(sql.SQL(statement).format(s=s))
-                if version == FIELD_KEYS_VERSION:
-                    await self._index_every_state(conn)
-                await conn.execute(sql.SQL("DELETE FROM {}.version").format(s))
-                await conn.execute(
-                    sql.SQL("INSERT INTO {}.version VALUES (%s)").format(s), (version,)
-                )
-                log.info("migrated PostgreSQL schema %s to version %d", self.schema, version)
-
-    async def _check_schema(self, pool: AsyncConnectionPool[Any]) -> None:
-        """``create=False``: the schema must exist at this version; nothing is created."""
-        async with pool.connection() as conn:
-            found = await (
-                await conn.execute(
-                    "SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".version',)
-                )
-            ).fetchone()
-            if not (found and found[0]):
-                raise StorageNotFound(
-                    f"there is no Mycelia store in PostgreSQL schema {self.schema}: "
-                    "give the schema of a store (nothing was created)"
-                )
-            row = await (
-                await conn.execute(
-                    sql.SQL("SELECT max(version) FROM {}.version").format(
-                        sql.Identifier(self.schema)
-                    )
-                )
-            ).fetchone()
-        if (row[0] if row else None) != SCHEMA_VERSION:
-            raise StorageReadOnly(
-                f"schema {self.schema} is at version {row[0] if row else None}, not "
-                f"{SCHEMA_VERSION}: open it writable once to migrate it"
-            )
-
-    async def _index_every_state(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Fill ``field_keys`` from the stored states (the data step of migration 2)."""
-        async with conn.cursor("mycelia_migrate", binary=True) as cursor:
-            await cursor.execute(self._q["all_values"])
-            while rows := await cursor.fetchmany(1000):
-                keys = [(e, c, index_entries(decode_values(raw))) for e, c, raw in rows]
-                await conn.execute(self._q["insert_keys"], key_columns(keys))
 
     async def _ready(self) -> AsyncConnectionPool[Any]:
         if self._closed:
@@ -496,7 +430,7 @@ class PostgresStorage:
         """Hold this schema's start-up lock (a session advisory lock): one process at a
         time, so servers starting together create one node key and one system."""
         pool = await self._ready()
-        key = _lock_key(f"mycelia:{self.schema}:start")
+        key = lock_key(f"mycelia:{self.schema}:start")
         try:
             async with pool.connection() as conn:
                 await conn.execute("SELECT pg_advisory_lock(%s)", (key,))
