@@ -151,10 +151,8 @@ async def test_a_batch_made_on_the_stored_heads_is_one_statement_and_stores_the_
         single: list[bool] = []
         real = engine._write_at_once
 
-        async def counted(
-            pool: Any, params: list[Any], real: Any = real, single: list[bool] = single
-        ) -> Any:
-            done = await real(pool, params)
+        async def counted(*args: Any, real: Any = real, single: list[bool] = single) -> Any:
+            done = await real(*args)
             single.append(done is not None)
             return done
 

@@ -137,6 +137,9 @@ def _translate(exc: Exception, what: str) -> StorageError:
     return StorageError(f"{what}: {exc}")
 
 
+_Written = tuple[frozenset[EventId], tuple[int, ...], list[StateRow]]
+"""What a write did: the new events, the feed offsets taken, and the state rows written
+(joined ones where another process wrote the entity meanwhile)."""
 _ATTEMPTS: Final = 5
 """Runs of a write transaction that PostgreSQL aborted to break a deadlock."""
 _WRITTEN: Final = 4096
@@ -526,25 +529,14 @@ class PostgresStorage:
         at_once = write_batch_params(
             batch, states, channel=self.channel, writer=self._listener.writer
         )
+        done: _Written | None = None
         for attempt in range(1, _ATTEMPTS + 1):
             try:
-                written = None if at_once is None else await self._write_at_once(pool, at_once)
-                if written is not None:
-                    rows, (new, last) = states, written
-                    taken = tuple(range(last - len(rows) + 1, last + 1))
-                    break
-                at_once = None  # a stored head moved: this batch joins, however often it runs
-                async with pool.connection() as conn:
-                    async with conn.pipeline(), conn.transaction():
-                        txn = self._transaction(conn)
-                        if batch.forget:
-                            await txn.forget([bytes(e) for e in batch.forget])
-                        added = await txn.insert_events(batch.events)
-                        rows, inserted = await txn.lock_and_join(batch, states)
-                        feed = await txn.insert_states(rows, inserted=inserted)
-                        await txn.write_meta(batch.meta)
-                    new = frozenset() if added is None else await new_ids(added)
-                    taken = () if feed is None else await offsets(feed, len(rows))
+                if at_once is not None:
+                    done = await self._write_at_once(pool, at_once, states)
+                if done is None:
+                    at_once = None  # a stored head moved: this batch joins, however often it runs
+                    done = await self._write_joining(pool, batch, states)
                 break
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
                 if attempt == _ATTEMPTS:
@@ -552,6 +544,8 @@ class PostgresStorage:
                 log.info("PostgreSQL write aborted (%s); running it again", exc)
             except (psycopg.Error, PoolTimeout) as exc:
                 raise _translate(exc, "PostgreSQL write failed") from exc
+        assert done is not None  # the loop ends by a write or raises
+        new, taken, rows = done
         self._recent.remember(batch.events)
         if taken:
             self._note_written(rows, taken)
@@ -559,10 +553,33 @@ class PostgresStorage:
         return WriteResult(new, taken)
 
     async def _write_at_once(
-        self, pool: AsyncConnectionPool[Any], params: list[Any]
-    ) -> tuple[frozenset[EventId], int] | None:
+        self, pool: AsyncConnectionPool[Any], params: list[Any], states: list[StateRow]
+    ) -> _Written | None:
+        """``write_batch`` (None: a stored head moved, nothing was written)."""
         async with pool.connection() as conn:
-            return await write_at_once(conn, self._q["write_batch"], params)
+            written = await write_at_once(conn, self._q["write_batch"], params)
+        if written is None:
+            return None
+        new, last = written
+        return new, tuple(range(last - len(states) + 1, last + 1)), states
+
+    async def _write_joining(
+        self, pool: AsyncConnectionPool[Any], batch: WriteBatch, states: list[StateRow]
+    ) -> _Written:
+        """The row-locked transaction, pipelined: each state joined with one another
+        process stored meanwhile; returns the rows actually written too."""
+        async with pool.connection() as conn:
+            async with conn.pipeline(), conn.transaction():
+                txn = self._transaction(conn)
+                if batch.forget:
+                    await txn.forget([bytes(e) for e in batch.forget])
+                added = await txn.insert_events(batch.events)
+                rows, inserted = await txn.lock_and_join(batch, states)
+                feed = await txn.insert_states(rows, inserted=inserted)
+                await txn.write_meta(batch.meta)
+            new = frozenset() if added is None else await new_ids(added)
+            taken = () if feed is None else await offsets(feed, len(rows))
+        return new, taken, rows
 
     def _transaction(self, conn: psycopg.AsyncConnection[Any]) -> WriteTransaction:
         return WriteTransaction(conn, self._q, channel=self.channel, writer=self._listener.writer)
