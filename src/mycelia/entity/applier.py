@@ -332,12 +332,17 @@ class Applier:
             # other processes write the store: a parent may be their event, stored but
             # not in this resident yet, whose effect only the walk brings in.
             return staged, None
-        if self._sole_writer and above_head(
-            entity.head_map, entity.top_generation, staged
-        ):  # a cache's, mostly
+        top = entity.top_generation
+        if self._sole_writer and above_head(entity.head_map, top, staged):  # a cache's, mostly
             return staged, None
-        # A subject-side walk: the events the head lacks, without walking the head's own
-        # branches (admission already keeps foreign lineage out: parents are this entity's).
+        return await self._walk(entity, staged, getter)
+
+    async def _walk(
+        self, entity: Entity, staged: list[AdmittedEvent], getter: LocalGetter
+    ) -> tuple[list[AdmittedEvent], Mapping[EventId, int] | None]:
+        """:meth:`_place` by a subject-side walk: the events the head lacks, without walking
+        the head's own branches (admission already keeps foreign lineage out: parents are
+        this entity's); the verdict table decides."""
         tips, head, hints = Clock(e.id for e in staged), entity.head, entity.head_generations
         outcome = await local_first(
             getter,
