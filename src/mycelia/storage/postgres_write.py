@@ -51,6 +51,7 @@ __all__ = [
     "events_query",
     "new_ids",
     "offsets",
+    "write_at_once",
     "write_batch_params",
 ]
 
@@ -75,7 +76,7 @@ async def offsets(cursor: psycopg.AsyncCursor[Any], count: int) -> tuple[int, ..
     return tuple(range(last - count + 1, last + 1))
 
 
-def state_columns(rows: Sequence[StateRow]) -> list[list[Any]]:
+def _state_columns(rows: Sequence[StateRow]) -> list[list[Any]]:
     """The ``upsert_states`` / ``insert_new_states`` parameters: one array per column."""
     return [list(c) for c in zip(*(r[:6] for r in rows), strict=True)]
 
@@ -99,7 +100,7 @@ def write_batch_params(
     keys = key_columns([(r[0], r[1], r[6]) for r in rows])
     return [
         *event_columns(ordered),
-        *state_columns(rows),
+        *_state_columns(rows),
         [bases[e] for e in entities],
         *keys,
         channel,
@@ -191,7 +192,7 @@ class WriteTransaction:
         locked = await self._lock_states(order)
         fresh = [latest[e] for e in order if e not in locked]
         if fresh:
-            cursor = await self._conn.execute(self._q["insert_new_states"], state_columns(fresh))
+            cursor = await self._conn.execute(self._q["insert_new_states"], _state_columns(fresh))
             inserted = {bytes(r[0]) for r in await cursor.fetchall()}
             raced = [r[0] for r in fresh if r[0] not in inserted]  # committed meanwhile
             if raced:
@@ -256,7 +257,7 @@ class WriteTransaction:
         latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
         stale = [r for e, r in latest.items() if e not in inserted]
         if stale:
-            await self._conn.execute(self._q["upsert_states"], state_columns(stale))
+            await self._conn.execute(self._q["upsert_states"], _state_columns(stale))
         await self._conn.execute(self._q["delete_keys"], (list(latest),))
         keys = [(r[0], r[1], r[6]) for r in latest.values() if r[6]]
         if keys:
