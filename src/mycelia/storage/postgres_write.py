@@ -19,7 +19,9 @@ Invariants:
   locks and updates each state's row only where the stored ``head`` still equals that
   base (an empty base: inserts, where no row exists), and otherwise raises
   :data:`~mycelia.storage.postgres_sql.HEAD_MOVED` and writes nothing. The state then
-  descends from the stored one, so it needs no join; its locks come in the same order.
+  descends from the stored one, so it needs no join. It takes events, then states, then
+  the feed clock; the rows of a batch of several states it locks in the join's order, not
+  by entity, so two such batches may deadlock, and the one PostgreSQL aborts runs again.
 - The cursors these methods return are read after the commit (pipelined statements):
   :func:`new_ids` for the events that were new, :func:`offsets` for the feed offsets.
 """
