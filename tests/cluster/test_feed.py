@@ -184,19 +184,25 @@ def replay(events: list[AdmittedEvent]) -> Entity:
     return entity
 
 
+async def behind(schemas: PostgresSchemas) -> tuple[Node, Node, PostgresStorage, EntityId]:
+    """Nodes a and b on one schema, and an entity b holds at its genesis while a commits
+    on it: b hears of nothing but its own writes (no NOTIFY, a poll far beyond the test)."""
+    schema = schemas.new_schema()
+    a = await Node.open(await PostgresStorage(schemas.dsn, schema=schema).open(), durable=True)
+    await a.create_system()
+    entity = await create(a, "t")
+    deaf = PostgresStorage(schemas.dsn, schema=schema, listen=False, poll_interval=600)
+    b = await Node.open(await deaf.open(), durable=True)
+    assert (await b.context().get(Card, entity)).n == 0  # b holds it at the genesis
+    await set_n(a, entity, 1)
+    return a, b, deaf, entity
+
+
 async def test_a_commit_planned_on_a_stale_head_is_joined_with_the_one_it_missed(
     pg_schemas: PostgresSchemas,
 ) -> None:
-    schema = pg_schemas.new_schema()
-    a = await Node.open(await PostgresStorage(pg_schemas.dsn, schema=schema).open(), durable=True)
-    await a.create_system()
-    entity = await create(a, "t")
-    # b hears of nothing but its own writes: no NOTIFY, and a poll far beyond the test
-    deaf = PostgresStorage(pg_schemas.dsn, schema=schema, listen=False, poll_interval=600)
-    b = await Node.open(await deaf.open(), durable=True)
+    a, b, deaf, entity = await behind(pg_schemas)
     try:
-        assert (await b.context().get(Card, entity)).n == 0  # b holds it at the genesis
-        await set_n(a, entity, 1)
         async with b.context().transaction() as trx:  # planned on the genesis: stale
             (await trx.edit(Card, entity)).title = "from b"
         stored = await deaf.get_state(entity)
@@ -206,6 +212,29 @@ async def test_a_commit_planned_on_a_stale_head_is_joined_with_the_one_it_missed
         assert stored == replay(events).to_state()
         for node in (a, b):
             await until(node, lambda node=node: _joined(node, entity))  # type: ignore[misc]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_commit_resent_to_a_node_behind_on_it_is_joined_into_the_stored_state(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    """A client failing over pushes its commit again to another server, which stored it
+    meanwhile through the first one but holds the entity from before: the resent commit is
+    on the head that server holds, so it is planned without a lookup, and the write's join
+    makes it the no-op it is."""
+    a, b, deaf, entity = await behind(pg_schemas)
+    try:
+        stored = await deaf.get_state(entity)
+        event = (await deaf.events_of(entity))[-1]
+        result = await b._commit_remote([[event.event]], lambda *_: None)  # the server's path
+        assert [e.id for e in result.stored] == [event.id]  # planned as new on b's head
+        assert await deaf.get_state(entity) == stored, "joined: the state is the one a stored"
+        assert [e.id for e in await deaf.events_of(entity)][-1] == event.id
+        assert len(await deaf.events_of(entity)) == 2, "no event twice"
+        view = await b.context().get(Card, entity)
+        assert (view.n, view.head) == (1, Clock([event.id]))
     finally:
         await a.close()
         await b.close()

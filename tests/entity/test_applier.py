@@ -230,6 +230,43 @@ async def test_grouped_commits_are_each_checked_against_their_own_before_and_aft
     assert await engine_content(store) == before
 
 
+async def test_a_commit_on_the_held_head_is_admitted_without_a_lookup_and_a_resent_one_is_a_no_op(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, note, applier, store, held = await _with_note(durable=True)
+    asked: list[set[EventId]] = []
+    get_events = store.get_events
+
+    async def counted(ids: Any) -> Any:
+        asked.append(set(ids))
+        return await get_events(ids)
+
+    monkeypatch.setattr(store, "get_events", counted)
+    first = _update(note, held.head, title="one")
+    second = _update(note, Clock([first.id]), rank=2)  # on the first, in the same commit
+    result = await applier.commit_many([[first, second]])
+    assert [e.id for e in result.stored] == [first.id, second.id]
+    assert asked == [], "made on the head this node holds: nothing to look up"
+
+    third = _update(note, Clock([second.id]), title="three")
+    for resent in ([first], [second], [first, second, third]):  # none of them on the head now
+        before = await engine_content(store)
+        result = await applier.commit_many([resent])
+        assert asked.pop() >= {e.id for e in resent}, "not on the head: looked up"
+        if third not in resent:
+            assert result.stored == []
+            assert result.changes == []
+            assert await engine_content(store) == before, "a stored event is a no-op"
+    assert [e.id for e in result.stored] == [third.id], "only the new one of the three"
+    entity = await applier.load(note)
+    assert entity is not None
+    assert entity.head == Clock([third.id])
+    assert entity.snapshot().values == {"title": "three", "rank": 2}
+    genesis = (await a.storage.events_of(note))[0].event
+    assert (await applier.commit_many([[genesis]])).stored == []  # a genesis is looked up
+    assert asked.pop() >= {genesis.id}
+
+
 async def test_a_reset_replaces_an_entity_and_replays_the_kept_local_commits() -> None:
     a = await _server()
     note = await _note(a, title="g")

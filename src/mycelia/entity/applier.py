@@ -228,10 +228,13 @@ class Applier:
         async with self.staging(entities, result) as run:
             earlier: dict[EventId, AdmittedEvent] = {}
             for events in commits:
-                wanted = {e.id for e in events} | {p for e in events for p in e.parent}
-                known = dict(await self._store.get_events(wanted - earlier.keys()))
+                groups = _groups(events)
+                unsure = [e for i, g in groups.items() if not await self._on_head(i, g) for e in g]
+                wanted = {e.id for e in unsure} | {p for e in unsure for p in e.parent}
+                asked = wanted - earlier.keys()
+                known = dict(await self._store.get_events(asked)) if asked else {}
                 known.update((i, earlier[i]) for i in wanted if i in earlier)
-                for entity_id, group in _groups(events).items():
+                for entity_id, group in groups.items():
                     plan = await self._plan(
                         entity_id, group, known, result, atomic=True, earlier=earlier
                     )
@@ -244,6 +247,31 @@ class Applier:
             result.changes.extend(more.changes)
             result.stored.extend(more.stored)
         return result
+
+    async def _on_head(self, entity_id: EntityId, group: list[Event]) -> bool:
+        """Whether a peer's events for one entity are surely not stored here, and every
+        parent they need is the head's or their own, so that admitting them needs no
+        storage lookup (a remote commit made on the head this node holds: nearly all).
+
+        On a durable node, once every tip of the head is stored, an event that names only
+        tips (or events of its own group) as parents and is none of them descends from the
+        head, so it is stored only if the head has moved past it. Where this applier is
+        the store's only writer the head is the stored one, so it is not. Where other
+        processes write the store, the resident head may be behind and the event stored by
+        one of them; the engine then joins the state this plan writes with the stored one
+        (:mod:`mycelia.storage.join`, a state CRDT), which makes it the no-op it would have
+        been. A genesis is always looked up: one for an existing entity is a duplicate.
+        """
+        if not self._durable:
+            return False
+        entity = await self.load(entity_id)
+        if entity is None or not entity.exists or not await self._history_closed(entity):
+            return False
+        head, ids = entity.head_map, {e.id for e in group}
+        return all(
+            e.parent and e.id not in head and all(p in head or p in ids for p in e.parent)
+            for e in group
+        )
 
     async def _ingest_once(
         self,
