@@ -76,6 +76,10 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # Bound once: every frame counts twice, and ``labels()`` looks its child up under
+        # a lock each time.
+        self._frames_in, self._frames_out = self._frames.labels("in"), self._frames.labels("out")
+        self._bytes_in, self._bytes_out = self._bytes.labels("in"), self._bytes.labels("out")
         self._define_storage_metrics(r)
 
     def _define_storage_metrics(self, r: CollectorRegistry) -> None:
@@ -129,13 +133,13 @@ class Metrics:
 
     def received(self, size: int) -> None:
         """A frame of ``size`` bytes arrived."""
-        self._frames.labels("in").inc()
-        self._bytes.labels("in").inc(size)
+        self._frames_in.inc()
+        self._bytes_in.inc(size)
 
     def sent(self, size: int) -> None:
         """A frame of ``size`` bytes left."""
-        self._frames.labels("out").inc()
-        self._bytes.labels("out").inc(size)
+        self._frames_out.inc()
+        self._bytes_out.inc(size)
 
     def observe_request(self, request: str, seconds: float) -> None:
         """A request (``GetRequest``, ``CommitRequest``...) was answered in ``seconds``."""
