@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mycelia.errors import IdMismatch, InvalidArgument, InvalidEvent, PayloadTooLarge
+from mycelia.proto import event as event_module
 from mycelia.proto.clock import Clock
 from mycelia.proto.event import GENESIS_TAG, UPDATE_TAG, Event
 from mycelia.proto.ids import EntityId, EventId
@@ -268,3 +269,33 @@ def test_copies_and_pickles_of_an_event_are_decoded_again_from_its_bytes(
         again = clone(event)
         assert type(again) is Event
         assert tuple(again) == tuple(event)
+
+
+def test_decoded_events_share_the_id_objects_they_name_within_a_bounded_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, genesis, update = golden_events()
+    on_it = Event.update(
+        entity_id=genesis.entity_id,
+        collection="albums",
+        parent=Clock([update.id]),
+        operations={"lww": [b"\x09"]},
+    )
+    first, second = Event.from_bytes(update.to_bytes()), Event.from_bytes(on_it.to_bytes())
+    assert second.parent.ids[0] is first.id, "a parent is the object its event decoded to"
+    assert second.entity_id is first.entity_id
+    assert first.parent == update.parent
+    assert second.parent == on_it.parent
+
+    monkeypatch.setattr(event_module, "_IDS_CAP", 3)
+    for n in range(10):  # hostile ids cannot grow it: full, it starts over
+        parent = Clock([EventId(bytes([n]) * 32)])
+        made = Event.update(
+            entity_id=genesis.entity_id, collection="albums", parent=parent,
+            operations={"lww": [b"\x01"]},
+        )  # fmt: skip
+        decoded = Event.from_bytes(made.to_bytes())
+        assert decoded == made
+        assert type(decoded.id) is EventId
+        assert type(decoded.entity_id) is EntityId
+        assert len(event_module._EVENT_IDS) <= 3
