@@ -87,7 +87,9 @@ def _interned(table: dict[bytes, _I], kind: type[_I], raw: bytes) -> _I:
     by the garbage collector, and those copies were most of what a client's full
     collections walked (20,000 of 30,000 tracked objects a client, W3's shape). The ids
     named as parents are the recent ones, so a small table serves: it holds at most
-    ``_IDS_CAP`` ids of each kind, which are tracked objects too."""
+    ``_IDS_CAP`` ids of each kind, which are tracked objects too. Engines decode on
+    worker threads as well: each step is one dict operation under the GIL, and a race
+    only costs a second copy of an id."""
     known = table.get(raw)
     if known is None:
         if len(table) >= _IDS_CAP:
