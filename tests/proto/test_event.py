@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mycelia.errors import IdMismatch, InvalidArgument, InvalidEvent, PayloadTooLarge
-from mycelia.proto import event as event_module
+from mycelia.proto import ids as ids_module
 from mycelia.proto.clock import Clock
 from mycelia.proto.event import GENESIS_TAG, UPDATE_TAG, Event
 from mycelia.proto.ids import EntityId, EventId
@@ -287,7 +287,7 @@ def test_decoded_events_share_the_id_objects_they_name_within_a_bounded_table(
     assert first.parent == update.parent
     assert second.parent == on_it.parent
 
-    monkeypatch.setattr(event_module, "_IDS_CAP", 3)
+    monkeypatch.setattr(ids_module, "_IDS_CAP", 3)
     for n in range(10):  # hostile ids cannot grow it: full, it starts over
         parent = Clock([EventId(bytes([n]) * 32)])
         made = Event.update(
@@ -298,4 +298,4 @@ def test_decoded_events_share_the_id_objects_they_name_within_a_bounded_table(
         assert decoded == made
         assert type(decoded.id) is EventId
         assert type(decoded.entity_id) is EntityId
-        assert len(event_module._EVENT_IDS) <= 3
+        assert len(ids_module._EVENT_IDS) <= 3

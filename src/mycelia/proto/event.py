@@ -29,7 +29,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Final, NamedTuple, NoReturn, TypeVar
+from typing import Final, NamedTuple, NoReturn
 
 import msgpack
 
@@ -43,7 +43,7 @@ from mycelia.proto.codec import (
     unpack,
     unpack_options,
 )
-from mycelia.proto.ids import ID_LENGTH, EntityId, EventId
+from mycelia.proto.ids import ID_LENGTH, EntityId, EventId, shared_entity_id, shared_event_id
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
@@ -71,40 +71,6 @@ Operations = tuple[tuple[str, tuple[bytes, ...]], ...]
 
 _KNOWN_NAMES: set[str] = set()
 _KNOWN_NAMES_CAP: Final = 4096
-
-
-_EVENT_IDS: dict[bytes, EventId] = {}
-_ENTITY_IDS: dict[bytes, EntityId] = {}
-_IDS_CAP: Final = 8192
-_I = TypeVar("_I", EventId, EntityId)
-
-
-def _interned(table: dict[bytes, _I], kind: type[_I], raw: bytes) -> _I:
-    """The one id object of ``kind`` for ``raw`` while ``table`` remembers it (bounded:
-    cleared when full). An event names its parents, and with many concurrent writers
-    every event names the whole head (40 parents, with 100 clients editing one text):
-    without this, each decoded event held its own copy of every id it names, each tracked
-    by the garbage collector, and those copies were most of what a client's full
-    collections walked (20,000 of 30,000 tracked objects a client, W3's shape). The ids
-    named as parents are the recent ones, so a small table serves: it holds at most
-    ``_IDS_CAP`` ids of each kind, which are tracked objects too. Engines decode on
-    worker threads as well: each step is one dict operation under the GIL, and a race
-    only costs a second copy of an id."""
-    known = table.get(raw)
-    if known is None:
-        if len(table) >= _IDS_CAP:
-            table.clear()
-        known = bytes.__new__(kind, raw)
-        table[known] = known
-    return known
-
-
-def _event_id(raw: bytes) -> EventId:
-    return _interned(_EVENT_IDS, EventId, raw)
-
-
-def _entity_id(raw: bytes) -> EntityId:
-    return _interned(_ENTITY_IDS, EntityId, raw)
 
 
 _ONLY_CONSTRUCTORS: Final = "build an Event with Event.genesis, Event.update or Event.from_bytes"
@@ -329,7 +295,7 @@ def _decode_general(fields: object, data: bytes, limits: Limits) -> Event:
     name = _check_name(collection, "event collection", limits)
     ops, _ = _decode_operations(raw_ops, limits)
     if tag == UPDATE_TAG:
-        entity = _entity_id(expect_bytes(first, "entity_id", length=ID_LENGTH))
+        entity = shared_entity_id(expect_bytes(first, "entity_id", length=ID_LENGTH))
         parent, _ = _decode_parent(third, limits)
         return _finish_update(entity, name, parent, ops)
     if tag == GENESIS_TAG:
@@ -365,7 +331,7 @@ def _decode_canonical_update(fields: list[object], data: bytes, limits: Limits) 
     for p in parents:
         if type(p) is not bytes or len(p) != ID_LENGTH or p <= previous:
             return None
-        ids.append(_event_id(p))
+        ids.append(shared_event_id(p))
         previous = p
     ops = []
     previous_name = ""
@@ -391,10 +357,10 @@ def _decode_canonical_update(fields: list[object], data: bytes, limits: Limits) 
         previous_name = name
     if total > limits.max_operation_bytes or pack(fields) != data:
         return None
-    event_id = _event_id(_sha256(data).digest())
+    event_id = shared_event_id(_sha256(data).digest())
     parent = Clock._of_sorted(tuple(ids))
     ops_t = tuple(ops)
-    entity_id = _entity_id(entity)
+    entity_id = shared_entity_id(entity)
     return _assemble(Event, (event_id, entity_id, collection, parent, ops_t, None, None, data))
 
 
@@ -420,7 +386,7 @@ def _finish_genesis(
     # Callers have validated every field; this only hashes and assembles. (msgpack packs
     # tuples as arrays, so the operations and the clock go in as they are.)
     raw = pack((GENESIS_TAG, system, collection, nonce, ops))
-    event_id = _event_id(_sha256(raw).digest())
+    event_id = shared_event_id(_sha256(raw).digest())
     entity = _new_entity_id(EntityId, event_id)
     return _assemble(Event, (event_id, entity, collection, EMPTY_CLOCK, ops, system, nonce, raw))
 
@@ -428,7 +394,7 @@ def _finish_genesis(
 def _finish_update(entity_id: EntityId, collection: str, parent: Clock, ops: Operations) -> Event:
     # Callers have validated every field; this only hashes and assembles.
     raw = pack((UPDATE_TAG, entity_id, collection, parent.ids, ops))
-    event_id = _event_id(_sha256(raw).digest())
+    event_id = shared_event_id(_sha256(raw).digest())
     return _assemble(Event, (event_id, entity_id, collection, parent, ops, None, None, raw))
 
 
@@ -437,7 +403,7 @@ def _decode_parent(raw: object, limits: Limits) -> tuple[Clock, bool]:
     parents = expect_list(raw, "update parent", max_len=limits.max_parents)
     if not parents:
         raise InvalidEvent("an update needs at least one parent (only a genesis has none)")
-    ids = [_event_id(expect_bytes(p, "parent id", length=ID_LENGTH)) for p in parents]
+    ids = [shared_event_id(expect_bytes(p, "parent id", length=ID_LENGTH)) for p in parents]
     if len(ids) == 1 or all(a < b for a, b in pairwise(ids)):
         return Clock._of_sorted(tuple(ids)), True
     # Anything but the canonical order is normalised (and so hashes as the canonical
