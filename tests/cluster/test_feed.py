@@ -186,13 +186,16 @@ def replay(events: list[AdmittedEvent]) -> Entity:
 
 async def behind(schemas: PostgresSchemas) -> tuple[Node, Node, PostgresStorage, EntityId]:
     """Nodes a and b on one schema, and an entity b holds at its genesis while a commits
-    on it: b hears of nothing but its own writes (no NOTIFY, a poll far beyond the test)."""
+    on it: b hears of nothing (its follower is stopped, so nothing evicts or refreshes
+    what it holds: a follower that missed the NOTIFY is there for a moment)."""
     schema = schemas.new_schema()
     a = await Node.open(await PostgresStorage(schemas.dsn, schema=schema).open(), durable=True)
     await a.create_system()
     entity = await create(a, "t")
     deaf = PostgresStorage(schemas.dsn, schema=schema, listen=False, poll_interval=600)
     b = await Node.open(await deaf.open(), durable=True)
+    (following,) = [t for t in b._tasks if "FeedFollower.run" in repr(t.get_coro())]
+    following.cancel()
     assert (await b.context().get(Card, entity)).n == 0  # b holds it at the genesis
     await set_n(a, entity, 1)
     return a, b, deaf, entity
@@ -210,8 +213,7 @@ async def test_a_commit_planned_on_a_stale_head_is_joined_with_the_one_it_missed
         assert len(stored.state.head) == 2, "both heads kept"
         events = await deaf.events_of(entity)
         assert stored == replay(events).to_state()
-        for node in (a, b):
-            await until(node, lambda node=node: _joined(node, entity))  # type: ignore[misc]
+        await until(a, lambda: _joined(a, entity))  # (b's follower, which would, is stopped)
     finally:
         await a.close()
         await b.close()
@@ -309,6 +311,85 @@ async def test_another_nodes_commits_arrive_as_its_own_change_sets_in_feed_order
     finally:
         await store.close()
         await a.close()
+
+
+async def test_rows_of_collections_the_node_does_not_show_are_skipped_and_their_events_not_read(
+    pg_schemas: PostgresSchemas,
+) -> None:
+    """A server nobody watches a collection through pays nothing per commit there but the
+    feed read: the rows are not reported, their entities are evicted (the next reader
+    reads the stored state), and their heads' events are not read. Once the collection is
+    shown, the next row is reported from the stored state."""
+    schema = pg_schemas.new_schema()
+    a = await Node.open(await PostgresStorage(pg_schemas.dsn, schema=schema).open(), durable=True)
+    await a.create_system()
+    store = await PostgresStorage(pg_schemas.dsn, schema=schema, listen=False).open()
+    try:
+        x = await create(a, "x")
+        residents, locks = Residents(), dict[EntityId, asyncio.Lock]()
+        heard: list[list[EntityChange]] = []
+        shown: set[str] = set()
+        follower = FeedFollower(
+            store, residents=residents, lock=lambda e: locks.setdefault(e, asyncio.Lock()),
+            notify=heard.append, shows=lambda: shown,
+        )  # fmt: skip
+        held = residents.put(Entity.from_state((await store.get_states([x]))[x])).snapshot()
+        follower.reported([EntityChange(held, held, (), frozenset())])
+        follower.offset = await store.last_offset()
+        await set_n(a, x, 1)
+        fetched: list[tuple[str, Any]] = []
+        fetch = store._fetch
+
+        async def counted(name: str, params: Any) -> Any:
+            rows = await fetch(name, params)
+            fetched.append((name, rows))
+            return rows
+
+        store._fetch = counted  # type: ignore[method-assign]
+        assert await follower.step() == []
+        assert heard == [], "nothing reported"
+        assert residents.get(x) is None, "the resident was evicted: it is behind the store"
+        ((name, rows),) = fetched
+        assert name == "feed_heads"
+        assert [row[4] for row in rows] == [None], "the row came without its head's events"
+
+        shown.add("cards")
+        await set_n(a, x, 2)
+        (change,) = await follower.step()
+        assert heard == [[change]]
+        assert change.before.head == Clock(), "reported from nothing: this node showed none"
+        assert change.after.values["n"] == 2
+        assert residents.get(x) is not None
+    finally:
+        await store.close()
+        await a.close()
+
+
+async def test_a_node_shows_the_collections_of_its_live_queries_and_subscriptions(
+    pair: tuple[Node, Node],
+) -> None:
+    """What the follower reads: every collection while a listener hears of everything
+    (``on_change``'s default), else those live queries and served subscriptions read."""
+    _, b = pair
+    assert b._shows() == set()
+    remove = b.on_change(lambda _: None)
+    assert b._shows() is None
+    remove()
+    remove = b.on_change(lambda _: None, everything=False)
+    assert b._shows() == set()
+    remove()
+    async with b.context().query(Card, "n >= 0"):
+        assert b._shows() == {"cards"}
+    assert b._shows() == set()
+    client = await Node.open(MemoryStorage(), durable=False)
+    try:
+        async with InProcessServer(b) as server:
+            server.connect(client)
+            await client.wait_ready(timeout=10)
+            async with client.context().query(Card, "n >= 0"):
+                assert b._shows() == {"cards"}, "the subscription mirroring it reads cards"
+    finally:
+        await client.close()
 
 
 async def test_a_node_on_a_store_only_it_writes_follows_no_feed() -> None:

@@ -14,6 +14,14 @@ commits only through its change feed. A node on such a store runs one
 - it remembers the last head it knows this node reported for each entity (its own
   commits' and its own refreshes', heard through :meth:`FeedFollower.reported`); a row at
   that head costs nothing more — this node's own writes, mostly;
+- it reads and reports only the rows of the collections this node **shows** (``shows``:
+  those its live queries and the subscriptions it serves read, asked per batch; ``None``
+  when something hears of every change, such as an application's change listener). The
+  other rows are skipped: their entities are evicted, so whatever reads them next reads
+  the stored state, and their events are not even read (``read_feed``'s
+  ``collections``). A server nobody watches a collection through costs nothing per
+  commit there but the feed read. A query or subscription that starts after the batch
+  was asked reads the stored states, which the batch's rows are already in;
 - for the other rows it takes the entities' locks (the applier's, in sorted order, so a
   local commit and a refresh of one entity never interleave and listeners hear of one
   entity's changes in commit order) and reports what changed through ``notify`` — the
@@ -78,9 +86,12 @@ MAX_BACKOFF: Final = 5.0
 class FeedStore(Protocol):
     """What the follower reads: the feed, states and events (a storage engine)."""
 
-    async def read_feed(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:
-        """Feed rows after ``offset``, ascending, at most ``limit`` (their heads' events
-        read with them, so the :meth:`get_events` that follows costs no query)."""
+    async def read_feed(
+        self, offset: int, *, limit: int = 1000, collections: Collection[str] | None = None
+    ) -> list[FeedEntry]:
+        """Feed rows after ``offset``, ascending, at most ``limit`` (the events the heads
+        of ``collections``' rows name read with them, so the :meth:`get_events` that
+        follows costs no query; ``None``: every row's)."""
         ...
 
     async def wait_for_feed(self, offset: int, *, timeout: float) -> bool:
@@ -153,6 +164,7 @@ class FeedFollower:
         residents: Residents,
         lock: Callable[[EntityId], asyncio.Lock],
         notify: Callable[[list[EntityChange]], None],
+        shows: Callable[[], Collection[str] | None] = lambda: None,
         batch: int = BATCH,
         budget: int = DEFAULT_BUDGET,
     ) -> None:
@@ -160,6 +172,7 @@ class FeedFollower:
         self._residents = residents
         self._lock = lock
         self._notify = notify
+        self._shows = shows
         self._batch = batch
         self._budget = budget
         self._reported: OrderedDict[EntityId, Clock] = OrderedDict()
@@ -177,7 +190,7 @@ class FeedFollower:
         backoff = MIN_BACKOFF
         while True:
             try:
-                rows = await self._store.read_feed(self.offset, limit=self._batch)
+                rows = await self._read_feed()
                 await self._report(rows)
                 if len(rows) < self._batch:  # read to the end: nothing more until it moves
                     await self._store.wait_for_feed(self.offset, timeout=IDLE)
@@ -191,10 +204,15 @@ class FeedFollower:
     async def step(self) -> list[EntityChange]:
         """Read one batch of the feed and report it (or wait for the feed to move);
         returns the changes reported. Raises StorageError, having reported nothing."""
-        rows = await self._store.read_feed(self.offset, limit=self._batch)
+        rows = await self._read_feed()
         if not rows:
             await self._store.wait_for_feed(self.offset, timeout=IDLE)
         return await self._report(rows)
+
+    async def _read_feed(self) -> list[FeedEntry]:
+        return await self._store.read_feed(
+            self.offset, limit=self._batch, collections=self._shows()
+        )
 
     async def _report(self, rows: Sequence[FeedEntry]) -> list[EntityChange]:
         """Report ``rows`` and move past them (see :meth:`step`)."""
@@ -222,9 +240,18 @@ class FeedFollower:
         news = [r for r in last.values() if self._reported.get(r.entity_id) != r.head]
         if not news:
             return []
+        shows = self._shows()  # asked before any await: a query opened later reads storage
+        skipped: list[EntityId] = []
+        if shows is not None:
+            skipped = [r.entity_id for r in news if r.collection not in shows]
+            news = [r for r in news if r.collection in shows]
+            self._forget(skipped)
         async with AsyncExitStack() as stack:
-            for entity_id in sorted(r.entity_id for r in news):  # the applier's lock order
+            for entity_id in sorted([r.entity_id for r in news] + skipped):  # the applier's order
                 await stack.enter_async_context(self._lock(entity_id))
+            self._forget(skipped)  # again: a commit that held a lock may have put one back
+            if not news:
+                return []
             updates = await self._read(news)
             changes = [c for c in map(self._update, updates) if c is not None]
             if changes:
@@ -304,6 +331,12 @@ class FeedFollower:
         if isinstance(outcome.relation, BudgetExceeded):
             return None
         return outcome.subject_only
+
+    def _forget(self, entity_ids: Collection[EntityId]) -> None:
+        """Evict entities whose rows are skipped, and what this node reported of them."""
+        for entity_id in entity_ids:
+            self._residents.evict(entity_id)
+            self._reported.pop(entity_id, None)
 
     def _remember(self, entity_id: EntityId, head: Clock) -> None:
         reported = self._reported

@@ -26,7 +26,7 @@ ever); when the node closes, every open live query's iteration ends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -346,14 +346,19 @@ class Reactor:
         self._pinned_fields: dict[str, dict[str, None]] = {}
         self._unpinned: dict[str, _Queries] = {}
         self._by_entity: dict[EntityId, _Queries] = {}
+        self._queries: dict[Standing, str] = {}
+        """Every live query registered, with its collection."""
+        self._collections: dict[str, int] = {}
+        """Live queries registered per collection."""
 
     def count(self) -> int:
         """Live queries registered."""
-        queries: dict[Standing, None] = {}
-        for index in (self._pinned, self._unpinned):
-            for group in index.values():
-                queries.update(group)
-        return len(queries)
+        return len(self._queries)
+
+    def collections(self) -> Collection[str]:
+        """The collections live queries read now (a view: it changes as queries come and
+        go)."""
+        return self._collections.keys()
 
     def tracked(self, entity_id: EntityId) -> bool:
         """Whether some live query holds ``entity_id`` (so its subscription keeps it fresh)."""
@@ -374,6 +379,9 @@ class Reactor:
     def add(self, live: Standing) -> None:
         """Register a live query."""
         collection = live.collection
+        if live not in self._queries:
+            self._queries[live] = collection
+            self._collections[collection] = self._collections.get(collection, 0) + 1
         pin = _pinned(live.query)
         if pin is not None:
             name, key = pin
@@ -386,6 +394,13 @@ class Reactor:
 
     def remove(self, live: Standing) -> None:
         """Forget a live query."""
+        collection = self._queries.pop(live, None)
+        if collection is not None:
+            left = self._collections[collection] - 1
+            if left:
+                self._collections[collection] = left
+            else:
+                del self._collections[collection]
         _discard(self._by_field, live)
         _discard(self._pinned, live)
         _discard(self._unpinned, live)

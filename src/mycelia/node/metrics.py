@@ -84,7 +84,10 @@ class Metrics:
 
     def _define_storage_metrics(self, r: CollectorRegistry) -> None:
         self._commits = Counter(
-            "mycelia_commits", "Commits that changed entities (local and from peers)", registry=r
+            "mycelia_commits",
+            "Commits that changed entities (local, from peers, and other servers' in the "
+            "collections this node's live queries and subscriptions read)",
+            registry=r,
         )
         self._events = Counter(
             "mycelia_events_ingested", "Events applied, by collection", ["collection"], registry=r
@@ -124,7 +127,7 @@ class Metrics:
         path = getattr(node.storage, "path", None)
         if isinstance(path, Path):
             self._storage_bytes.set_function(lambda: _directory_size(path))
-        return node.on_change(self.changed)
+        return node.on_change(self.changed, everything=False)
 
     def connection(self, transport: str) -> ConnectionMeter:
         """A new connection over ``transport`` (``websocket``, ``asgi``): handshaking."""

@@ -21,7 +21,15 @@ import itertools
 import logging
 import random
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Generator,
+    Iterable,
+)
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -117,6 +125,8 @@ class Node:
         self._key = key
         self._rng = rng
         self._listeners: list[ChangeListener] = []
+        self._hearing_all = 0
+        """Listeners that hear of every change (see :meth:`on_change`)."""
         self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: cancelled in start order
         self._closed = False
         self._query_ids = itertools.count(1)
@@ -261,11 +271,24 @@ class Node:
         self._check_open()
         return Context(self._parts, credentials or LOCAL)
 
-    def on_change(self, listener: ChangeListener) -> Callable[[], None]:
-        """Call ``listener`` after every commit that changes entities; returns a remover."""
+    def on_change(self, listener: ChangeListener, *, everything: bool = True) -> Callable[[], None]:
+        """Call ``listener`` after every commit that changes entities; returns a remover.
+
+        On a store other processes write too (PostgreSQL), their commits are heard from
+        its change feed. ``everything=False``: only those this node shows anyway (its own
+        commits, and the others' in the collections its live queries and served
+        subscriptions read), so the listener does not make it read every commit of the
+        cluster (a server's metrics and logs).
+        """
         self._check_open()
         self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
+        self._hearing_all += everything
+
+        def remove() -> None:
+            self._listeners.remove(listener)
+            self._hearing_all -= everything
+
+        return remove
 
     def rejections(self) -> AsyncIterator[Rejection]:
         """Every local commit reverted from now on, because the durable peer refused it or
@@ -523,7 +546,16 @@ class Node:
         if not follows(self._storage):
             return None
         notify, lock = self._notify, self._applier.lock
-        return FeedFollower(self._storage, residents=self._residents, lock=lock, notify=notify)
+        return FeedFollower(
+            self._storage, residents=self._residents, lock=lock, notify=notify, shows=self._shows
+        )
+
+    def _shows(self) -> Collection[str] | None:
+        """The collections whose changes this node shows: its live queries' and the served
+        subscriptions' (``None``: all of them, while a listener hears of everything)."""
+        if self._hearing_all:
+            return None
+        return {*self._reactor.collections(), *self._responder.collections()}
 
     def _new_parts(self) -> ContextParts:
         """What the node's contexts work with: transactions, live queries, history."""

@@ -38,9 +38,11 @@ class Missed:
     """The changes committed while a subscription was being answered, bounded in bytes
     as a subscriber's feed is (past that the peer is cut off: it reconnects)."""
 
-    __slots__ = ("changes", "overflowed", "size")
+    __slots__ = ("changes", "collection", "overflowed", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, collection: str) -> None:
+        self.collection = collection
+        """The collection the subscription reads."""
         self.changes: list[tuple[list[EntityChange], int]] = []
         self.size = 0
         self.overflowed = False

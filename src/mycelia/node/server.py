@@ -432,7 +432,10 @@ async def _start(
     )
     from mycelia import __version__  # noqa: PLC0415 - the package imports this module
 
-    removers = (server.metrics.watch(node, version=__version__), node.on_change(_log_commit))
+    removers = (
+        server.metrics.watch(node, version=__version__),
+        node.on_change(_log_commit, everything=False),
+    )
 
     def unwatch() -> None:
         for remove in removers:

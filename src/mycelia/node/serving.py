@@ -188,6 +188,13 @@ class Responder:
         """Standing queries held for all peers."""
         return sum(len(s) for s in self._subscriptions.values())
 
+    def collections(self) -> set[str]:
+        """The collections the subscriptions served (and being answered) read now."""
+        shown = {m.collection for m in self._answering}
+        for standing in self._subscriptions.values():
+            shown.update(s.collection for s in standing.values())
+        return shown
+
     def forget(self, peer: Peer) -> None:
         """Drop everything held for a closed connection."""
         self._subscriptions.pop(peer, None)
@@ -283,7 +290,7 @@ class Responder:
         # the peer's subscriptions then (each is compared with what was sent, so what the
         # answer already held costs nothing). Before, an entity read just before such a
         # commit stayed behind on the peer until its next change.
-        missed = Missed()
+        missed = Missed(msg.collection)
         self._answering.add(missed)
         try:
             deltas = self._deltas(peer, msg.collection, query, msg.known, members)

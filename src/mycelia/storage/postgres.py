@@ -357,10 +357,14 @@ class PostgresStorage:
         rows = await self._fetch("feed", (offset, limit))
         return [FeedEntry(o, EntityId._trusted(e), c, clock(h)) for o, e, c, h in rows]
 
-    async def read_feed(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:
+    async def read_feed(
+        self, offset: int, *, limit: int = 1000, collections: Collection[str] | None = None
+    ) -> list[FeedEntry]:
         """:meth:`read_since`, reading the stored events the rows' heads name in the same
         query, into the recent events :meth:`get_events` answers from: a follower reads
-        those next, and another process's commit then costs it one query, not two."""
+        those next, and another process's commit then costs it one query, not two.
+        ``collections``: read the events of those collections' rows only (``None``: all;
+        a follower names the collections it shows, and skips the other rows)."""
         if limit <= 0:
             return []
         written = self._written_since(offset, limit)
@@ -368,7 +372,9 @@ class PostgresStorage:
             return written  # their events are the recent ones this engine wrote
         entries: dict[int, FeedEntry] = {}
         events: list[AdmittedEvent] = []
-        for o, e, c, h, *event in await self._fetch("feed_heads", (offset, limit)):
+        shown = None if collections is None else sorted(collections)
+        params = (offset, limit, shown, shown)
+        for o, e, c, h, *event in await self._fetch("feed_heads", params):
             if o not in entries:
                 entries[o] = FeedEntry(o, EntityId._trusted(e), c, clock(h))
             if event[0] is not None:

@@ -203,7 +203,8 @@ _STATEMENTS: Final = {
         FROM f LEFT JOIN LATERAL (
             SELECT e.id, e.generation, e.body
             FROM generate_series(0, length(f.head) / 32 - 1) AS i
-            JOIN {s}.events e ON e.id = substring(f.head FROM i * 32 + 1 FOR 32)) e ON true
+            JOIN {s}.events e ON e.id = substring(f.head FROM i * 32 + 1 FOR 32)
+            WHERE %s::text[] IS NULL OR f.collection = ANY(%s::text[])) e ON true
         ORDER BY f."offset", e.id""",
     "last": "SELECT last FROM {s}.feed_clock",
     "lock_clock": "SELECT last FROM {s}.feed_clock WHERE id = 1 FOR UPDATE",
