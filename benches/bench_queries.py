@@ -3,8 +3,9 @@
 Targets: fetch ``ORDER BY x LIMIT 20`` with a range predicate over 100,000 entities on LMDB
 ≤ 5 ms (an index, not a scan); one commit with 1,000 live queries registered on the node
 ≤ 1 ms of query work per commit (the candidate index: only queries the change can affect
-are evaluated); subscription establishment for 1,000 matching entities over websockets
-≤ 100 ms.
+are evaluated); a change to a live query holding 1,000 entities ≤ 1.5× one to a live
+query holding 1 (issue 13: O(log n), never O(result)), with and without ORDER BY and
+LIMIT; subscription establishment for 1,000 matching entities over websockets ≤ 100 ms.
 
 Run: ``python -m benches.bench_queries``
 """
@@ -93,6 +94,42 @@ async def live_queries_case(queries: int, *, pinned: bool) -> tuple[float, float
     return baseline, loaded
 
 
+RESULT_QUERIES = ("group = 0", "group = 0 ORDER BY x", "group = 0 ORDER BY x LIMIT 20")
+
+
+async def result_size_case(text: str, *, rounds: int = 9, commits: int = 40) -> dict[int, float]:
+    """Median seconds from a commit editing one member (its label) until the live query
+    ``text`` shows it, with the query holding 1 entity and 1,000 (of 1,000 matching; with
+    LIMIT 20 it holds 20 of them); rounds alternate between the two nodes."""
+    cases = {}
+    for held in (1, 1000):
+        node = await Node.open(MemoryStorage(), durable=True, rng=random.Random(held))
+        await node.create_system()
+        async with node.context().transaction() as trx:
+            for i in range(1000):
+                trx.create(Row, x=i, group=0 if i < held else 1, label="")
+        live = node.context().query(Row, text)
+        await live.__aenter__()
+        cases[held] = (node, live, live.items[0].id)
+    samples: dict[int, list[float]] = {held: [] for held in cases}
+    for round_ in range(rounds):
+        for held, (node, live, member) in cases.items():
+            ctx = node.context()
+            for i in range(commits):
+                live.changes_nowait()
+                start = time.perf_counter()
+                async with ctx.transaction() as trx:
+                    (await trx.edit(Row, member)).label = f"{round_}.{i}"
+                await live.wait_settled()
+                (change,) = live.changes_nowait()
+                samples[held].append(time.perf_counter() - start)
+                assert change.updated[0].label == f"{round_}.{i}"
+    for node, live, _ in cases.values():
+        await live.close()
+        await node.close()
+    return {held: statistics.median(times) for held, times in samples.items()}
+
+
 async def subscription_case(matching: int) -> float:
     """A fresh client subscribes to ``matching`` entities held by a ``mycelia serve`` process."""
     with tempfile.TemporaryDirectory() as data:
@@ -173,6 +210,18 @@ async def run() -> None:
                 f"{fmt_time(loaded)} vs {fmt_time(baseline)} without: +{fmt_time(max(work, 0))}",
                 "≤ 1 ms query work",
                 verdict(work <= 1e-3),
+            ]
+        )
+    for text in RESULT_QUERIES:
+        times = await result_size_case(text)
+        ratio = times[1000] / times[1]
+        rows.append(
+            [
+                f"a change to a live query holding 1,000 vs 1 ({text!r}"
+                + (": 20 of 1,000 matches vs 1 of 1)" if "LIMIT" in text else ")"),
+                f"{fmt_time(times[1000])} vs {fmt_time(times[1])}: {ratio:.2f}x",
+                "≤ 1.5x",
+                verdict(ratio <= 1.5),
             ]
         )
     t = await subscription_case(1000)

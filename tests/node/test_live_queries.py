@@ -4,7 +4,9 @@ sets received add up to exactly that result — locally and through a server."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -198,3 +200,94 @@ async def test_a_limit_query_refills_when_a_member_leaves_and_emits_the_removal(
         assert [v.id for v in change.removed] == [items[0].id]
         assert [v.id for v in change.added] == [items[2].id]
         assert [v.n for v in live.items] == [1, 2]
+
+
+LIMITED = [q for q in QUERIES if "LIMIT" in q[0]] + [("n >= 0 LIMIT 3", ())]
+"""LIMIT queries (one without ORDER BY: ranked by entity id alone)."""
+
+
+@settings(max_examples=max(60, settings().max_examples), deadline=None)
+@given(
+    query=st.sampled_from(LIMITED),
+    seed=st.lists(values, min_size=0, max_size=8),
+    transactions=st.lists(
+        st.lists(st.tuples(st.integers(0, 20), values | st.none()), min_size=1, max_size=4),
+        min_size=1,
+        max_size=8,
+    ),
+    ids_seed=st.integers(0, 2**32),
+)
+def test_a_limit_query_placed_without_storage_is_what_a_fresh_fetch_gives(
+    query: tuple[str, tuple[object, ...]],
+    seed: list[dict[str, Any]],
+    transactions: list[list[tuple[int, dict[str, Any] | None]]],
+    ids_seed: int,
+) -> None:
+    """A LIMIT query places most changes from its own ranks (no query): after every
+    commit of several edits and deletes, its result is a fresh fetch's, and its change
+    sets add up to it."""
+
+    async def run() -> None:
+        node = await Node.open(MemoryStorage(), durable=True, rng=random.Random(ids_seed))
+        await node.create_system()
+        async with node.context().transaction() as trx:
+            ids = [trx.create(Item, **fields).id for fields in seed]
+        model: dict[EntityId, Item] = {}
+        async with node.context().query(Item, query[0], *query[1]) as live:
+            for edits in transactions:
+                alive = {v.id for v in await node.context().fetch(Item, "")}
+                async with node.context().transaction() as trx:
+                    for index, fields in edits:
+                        target = ids[index % len(ids)] if ids else None
+                        if fields is not None and (target is None or index % 3 == 0):
+                            ids.append(trx.create(Item, **fields).id)
+                        elif target in alive and fields is not None:
+                            handle = await trx.edit(Item, target)
+                            handle.n, handle.tag = fields["n"], fields["tag"]
+                        elif target in alive:
+                            await trx.delete(Item, target)
+                            alive.discard(target)
+                await check(live, model, node, query[0], query[1], node)
+
+    asyncio.run(run())
+
+
+async def test_a_limit_query_places_a_change_to_a_member_without_a_query() -> None:
+    """The common change — a member edited in place, a match ranked past the LIMIT —
+    costs no storage query (before: every change re-ran the query, O(matches))."""
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    async with node.context().transaction() as trx:
+        items = [trx.create(Item, n=i + 10, tag="a") for i in range(50)]
+    async with node.context().query(Item, "n >= 0 ORDER BY n LIMIT 5") as live:
+        live.changes_nowait()
+        queried = 0
+        storage = node.storage
+        assert isinstance(storage, MemoryStorage)
+        fetch = storage.fetch  # how a query reads the store
+
+        async def counted(collection: str, query: Any) -> Any:
+            nonlocal queried
+            queried += 1
+            return await fetch(collection, query)
+
+        storage.fetch = counted  # type: ignore[method-assign]
+        async with node.context().transaction() as trx:
+            (await trx.edit(Item, items[2].id)).tag = "b"  # a member, in place
+            (await trx.edit(Item, items[30].id)).n = 100  # past the LIMIT: nothing
+        (first,) = live.changes_nowait()
+        async with node.context().transaction() as trx:
+            (await trx.edit(Item, items[40].id)).n = 0  # ranks first: 4 leaves
+        (second,) = live.changes_nowait()
+        await live.wait_settled()
+        assert queried == 0
+        assert [v.tag for v in first.updated] == ["b"]
+        assert not first.added
+        assert [v.id for v in second.added] == [items[40].id]
+        assert [v.id for v in second.removed] == [items[4].id]
+        assert [v.n for v in live.items] == [0, 10, 11, 12, 13]
+        async with node.context().transaction() as trx:
+            await trx.delete(Item, items[0].id)  # makes room: storage ranks the refill
+        await live.wait_settled()
+        assert queried == 1
+        assert [v.n for v in live.items] == [0, 11, 12, 13, 14]

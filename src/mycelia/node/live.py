@@ -10,8 +10,13 @@ The :class:`Reactor` is the node's one change listener for live queries. Its **c
 index** maps (collection, field) to the queries whose predicate or ORDER BY reads that
 field, and each entity to the queries it belongs to, so a commit re-evaluates only the
 queries it can affect: a query is touched by a change when the entity is one of its
-members or a field it reads changed. Queries with a LIMIT re-run against storage when
-touched (a member leaving makes room: the refill is emitted as ``added``).
+members or a field it reads changed. A query with a LIMIT keeps its members in rank
+order (:class:`_Ranks`): a change it can place from them is applied as any other — a
+member that stays inside the last rank, or a new match that ranks before it (the last
+member leaves) or fills a result short of the LIMIT. Only a change that makes room (a
+full result's member leaves or falls past its last rank) or that policy hides makes the
+query re-run against storage (the refill is emitted as ``added``). So a change costs
+O(log LIMIT), not a query.
 
 On an ephemeral node with a durable peer, every live query is mirrored on the server; on
 each (re)connection it is re-subscribed with the heads held here, so it catches up and
@@ -26,6 +31,7 @@ ever); when the node closes, every open live query's iteration ends.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -101,6 +107,9 @@ class LiveQuery(Generic[M]):
         self.query_id = parts.query_ids()
         self._members: dict[EntityId, M] = {}
         self._keys: dict[EntityId, bytes] = {}
+        self._ranks: _Ranks | None = None
+        """A LIMIT query's members in rank order (``None``: no LIMIT, or unknown until the
+        next load: policy hid some of the rows storage ranked)."""
         self._changes: ChangeQueue[M] = ChangeQueue()
         self._refresh_lock = asyncio.Lock()
         self._open = False
@@ -217,6 +226,8 @@ class LiveQuery(Generic[M]):
             snapshot = _snapshot_of(stored.state, stored.values)
             if self._parts.policy.can_read(self._credentials, snapshot):
                 self._admit(snapshot)
+        limit, exact = self.query.limit, len(self._members) == len(rows)  # policy hid none
+        self._ranks = _Ranks(limit, self._keys) if isinstance(limit, int) and exact else None
         return self.items
 
     def _admit(self, snapshot: Snapshot, views: dict[object, object] | None = None) -> M:
@@ -235,12 +246,15 @@ class LiveQuery(Generic[M]):
 
     def matches(self, snapshot: Snapshot) -> bool:
         """Whether a (changed) entity belongs in the result (LIMIT aside)."""
+        return self._selects(snapshot) and self._parts.policy.can_read(self._credentials, snapshot)
+
+    def _selects(self, snapshot: Snapshot) -> bool:
+        """Whether the query's predicate selects a (changed) entity (policy aside)."""
         return (
             snapshot.exists
             and snapshot.collection == self.model.__collection__
             and not snapshot.deleted
             and self._predicate(snapshot.values)
-            and self._parts.policy.can_read(self._credentials, snapshot)
         )
 
     def member(self, entity_id: EntityId) -> bool:
@@ -255,31 +269,70 @@ class LiveQuery(Generic[M]):
         if self._buffer is not None:
             self._buffer.extend(changes)
             return
-        if self.query.limit is not None:
-            self._refreshing += 1
-            self._settled.clear()
-            self._parts.spawn(self._scheduled_refresh())
-            return
-        added: list[M] = []
-        updated: list[M] = []
-        removed: list[M] = []
+        out: ChangeSet[M] = ChangeSet()
         for change in changes:
-            after, entity_id = change.after, change.after.entity_id
-            previous = self._members.get(entity_id)
-            if previous is not None and previous.head == after.head:
-                continue  # already shown at this head (e.g. seen by the initial load)
-            if self.matches(after):
-                view = self._admit(after, views)
+            if not self._apply_one(change, views, out):
+                self._schedule_refresh()  # storage ranks this one (and the batch's rest)
+                break
+        if out:
+            self._changes.put(out)
+
+    def _apply_one(
+        self, change: EntityChange, views: dict[object, object] | None, out: ChangeSet[M]
+    ) -> bool:
+        """Apply one change to the result, noting it in ``out``; ``False`` (nothing
+        applied) when only storage can say what a LIMIT result becomes."""
+        after, entity_id = change.after, change.after.entity_id
+        previous = self._members.get(entity_id)
+        if previous is not None and previous.head == after.head:
+            return True  # already shown at this head (e.g. seen by the initial load)
+        selected = self._selects(after)
+        matches = selected and self._parts.policy.can_read(self._credentials, after)
+        ranks = self._ranks
+        if self.query.limit is not None:
+            if ranks is None or self._refreshing or selected != matches:
+                return False  # not ranked here, a refresh to come, or a row policy hides
+            rank = (order_key(after.values, self.query.order_by), bytes(entity_id))
+            placed = ranks.place(self._rank_of(entity_id), rank if matches else None)
+            if placed is None:
+                return False
+            matches, evicted = placed
+            if evicted is not None:
+                self._leave(EntityId(evicted), out)
+        if matches:
+            view = self._admit(after, views)
+            if ranks is not None:
+                ranks.add(self._rank_of(entity_id))
+            if previous is None:
+                previous = _take(out.removed, entity_id)  # pushed out earlier in the batch
                 if previous is None:
-                    added.append(view)
-                elif view != previous:  # a no-op delta emits nothing
-                    updated.append(view)
-            elif previous is not None:
-                removed.append(self._members.pop(entity_id))
-                self._keys.pop(entity_id, None)
-                self._parts.watch.untrack(entity_id, self)
-        if added or updated or removed:
-            self._changes.put(ChangeSet(added=added, updated=updated, removed=removed))
+                    out.added.append(view)
+            if previous is not None and view != previous:  # a no-op delta emits nothing
+                out.updated.append(view)
+        elif previous is not None:
+            self._leave(entity_id, out)
+        return True
+
+    def _rank_of(self, entity_id: EntityId) -> tuple[bytes, bytes] | None:
+        key = self._keys.get(entity_id)
+        return None if key is None else (key, bytes(entity_id))
+
+    def _leave(self, entity_id: EntityId, out: ChangeSet[M]) -> None:
+        """A member leaves the result (noted in ``out``, unless it came in this batch)."""
+        view = self._members.pop(entity_id)
+        if self._ranks is not None:
+            self._ranks.discard((self._keys[entity_id], bytes(entity_id)))
+        self._keys.pop(entity_id)
+        self._parts.watch.untrack(entity_id, self)
+        if _take(out.added, entity_id) is not None:
+            return  # it came in this batch: never shown
+        _take(out.updated, entity_id)
+        out.removed.append(view)
+
+    def _schedule_refresh(self) -> None:
+        self._refreshing += 1
+        self._settled.clear()
+        self._parts.spawn(self._scheduled_refresh())
 
     async def _scheduled_refresh(self) -> None:
         try:
@@ -316,6 +369,14 @@ class LiveQuery(Generic[M]):
                 self._changes.put(out)
 
 
+def _take(views: list[M], entity_id: EntityId) -> M | None:
+    """Take the view of ``entity_id`` out of ``views`` (``None`` if there is none)."""
+    for at, view in enumerate(views):
+        if view.id == entity_id:
+            return views.pop(at)
+    return None
+
+
 def _checked(model: type[Model], text: str, args: tuple[object, ...]) -> Query:
     """``text`` parsed, bound to ``args`` and checked against ``model``."""
     parsed = parse(text)
@@ -326,6 +387,52 @@ def _checked(model: type[Model], text: str, args: tuple[object, ...]) -> Query:
 
 def _snapshot_of(state: EntityState, values: Mapping[str, object]) -> Snapshot:
     return Snapshot(state.entity_id, state.collection, state.state.head, values)
+
+
+class _Ranks:
+    """A LIMIT query's members' ranks (ORDER BY key, then entity id), sorted, and what a
+    change does to them when that can be told without storage: every row that matches
+    and is no member ranks after the last member, or there is none (the result is short
+    of the LIMIT)."""
+
+    __slots__ = ("_limit", "_sorted")
+
+    def __init__(self, limit: int, keys: Mapping[EntityId, bytes]) -> None:
+        self._limit = limit
+        self._sorted = sorted((key, bytes(e)) for e, key in keys.items())
+
+    def place(
+        self, old: tuple[bytes, bytes] | None, new: tuple[bytes, bytes] | None
+    ) -> tuple[bool, bytes | None] | None:
+        """A row that ranked at ``old`` (``None``: no member) now ranks at ``new``
+        (``None``: it no longer matches). Returns whether it is a member now and the
+        entity id of a member it pushes out, having taken ``old`` out (the caller adds
+        ``new`` back); ``None`` (nothing changed) when storage must rank it: a full
+        result's member leaves or falls past the last rank."""
+        ranks = self._sorted
+        full = len(ranks) >= self._limit
+        if old is not None:
+            if full and (new is None or new > ranks[-1]):
+                return None  # it leaves room, or some other row may now rank before it
+            self.discard(old)
+            return new is not None, None
+        if new is None:
+            return False, None
+        if not full:
+            return True, None
+        if new > ranks[-1]:
+            return False, None  # ranks past the LIMIT
+        return True, ranks[-1][1]  # the last member makes room
+
+    def add(self, rank: tuple[bytes, bytes] | None) -> None:
+        if rank is not None:
+            bisect.insort(self._sorted, rank)
+
+    def discard(self, rank: tuple[bytes, bytes]) -> None:
+        ranks = self._sorted
+        at = bisect.bisect_left(ranks, rank)
+        if at < len(ranks) and ranks[at] == rank:
+            del ranks[at]
 
 
 class Reactor:
