@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 import mycelia
 from mycelia import EntityId, Model, Node
+from mycelia.node.inprocess import InProcessServer
 from mycelia.node.live import ChangeSet, LiveQuery
 from mycelia.storage import MemoryStorage
 from tests.node.waiting import until
@@ -216,40 +218,86 @@ LIMITED = [q for q in QUERIES if "LIMIT" in q[0]] + [("n >= 0 LIMIT 3", ())]
         max_size=8,
     ),
     ids_seed=st.integers(0, 2**32),
+    served=st.booleans(),
 )
 def test_a_limit_query_placed_without_storage_is_what_a_fresh_fetch_gives(
     query: tuple[str, tuple[object, ...]],
     seed: list[dict[str, Any]],
     transactions: list[list[tuple[int, dict[str, Any] | None]]],
     ids_seed: int,
+    served: bool,
 ) -> None:
     """A LIMIT query places most changes from its own ranks (no query): after every
     commit of several edits and deletes, its result is a fresh fetch's, and its change
-    sets add up to it."""
+    sets add up to it — on the node that commits, and (``served``) on a client of it,
+    whose subscription the node places the same way."""
 
     async def run() -> None:
         node = await Node.open(MemoryStorage(), durable=True, rng=random.Random(ids_seed))
         await node.create_system()
         async with node.context().transaction() as trx:
             ids = [trx.create(Item, **fields).id for fields in seed]
-        model: dict[EntityId, Item] = {}
-        async with node.context().query(Item, query[0], *query[1]) as live:
-            for edits in transactions:
-                alive = {v.id for v in await node.context().fetch(Item, "")}
-                async with node.context().transaction() as trx:
-                    for index, fields in edits:
-                        target = ids[index % len(ids)] if ids else None
-                        if fields is not None and (target is None or index % 3 == 0):
-                            ids.append(trx.create(Item, **fields).id)
-                        elif target in alive and fields is not None:
-                            handle = await trx.edit(Item, target)
-                            handle.n, handle.tag = fields["n"], fields["tag"]
-                        elif target in alive:
-                            await trx.delete(Item, target)
-                            alive.discard(target)
-                await check(live, model, node, query[0], query[1], node)
+        async with AsyncExitStack() as stack:
+            watcher = await stack.enter_async_context(_client_of(node)) if served else node
+            await _edit_and_check(node, watcher, ids, query, transactions)
 
     asyncio.run(run())
+
+
+@asynccontextmanager
+async def _client_of(node: Node) -> AsyncIterator[Node]:
+    """An ephemeral client of ``node``, connected in process."""
+    server = InProcessServer(node)
+    client = await Node.open(MemoryStorage(), durable=False)
+    server.connect(client)
+    await client.wait_ready(timeout=10)
+    try:
+        yield client
+    finally:
+        await client.close()
+        await server.close()
+
+
+async def _edit_and_check(
+    node: Node,
+    watcher: Node,
+    ids: list[EntityId],
+    query: tuple[str, tuple[object, ...]],
+    transactions: list[list[tuple[int, dict[str, Any] | None]]],
+) -> None:
+    """Commit each of ``transactions`` on ``node`` (creates, edits and deletes by index
+    into ``ids``), checking ``watcher``'s live query against a fresh fetch after each."""
+    model: dict[EntityId, Item] = {}
+    async with watcher.context().query(Item, query[0], *query[1]) as live:
+        for edits in transactions:
+            alive = {v.id for v in await node.context().fetch(Item, "")}
+            async with node.context().transaction() as trx:
+                for index, fields in edits:
+                    target = ids[index % len(ids)] if ids else None
+                    if fields is not None and (target is None or index % 3 == 0):
+                        ids.append(trx.create(Item, **fields).id)
+                    elif target in alive and fields is not None:
+                        handle = await trx.edit(Item, target)
+                        handle.n, handle.tag = fields["n"], fields["tag"]
+                    elif target in alive:
+                        await trx.delete(Item, target)
+                        alive.discard(target)
+            await check(live, model, node, query[0], query[1], watcher)
+
+
+def count_fetches(node: Node) -> list[int]:
+    """Count the queries ``node`` runs against its storage from now on (one-item list)."""
+    queried = [0]
+    storage = node.storage
+    assert isinstance(storage, MemoryStorage)
+    fetch = storage.fetch  # how a query reads the store
+
+    async def counted(collection: str, query: Any) -> Any:
+        queried[0] += 1
+        return await fetch(collection, query)
+
+    storage.fetch = counted  # type: ignore[method-assign]
+    return queried
 
 
 async def test_a_limit_query_places_a_change_to_a_member_without_a_query() -> None:
@@ -261,17 +309,7 @@ async def test_a_limit_query_places_a_change_to_a_member_without_a_query() -> No
         items = [trx.create(Item, n=i + 10, tag="a") for i in range(50)]
     async with node.context().query(Item, "n >= 0 ORDER BY n LIMIT 5") as live:
         live.changes_nowait()
-        queried = 0
-        storage = node.storage
-        assert isinstance(storage, MemoryStorage)
-        fetch = storage.fetch  # how a query reads the store
-
-        async def counted(collection: str, query: Any) -> Any:
-            nonlocal queried
-            queried += 1
-            return await fetch(collection, query)
-
-        storage.fetch = counted  # type: ignore[method-assign]
+        queried = count_fetches(node)
         async with node.context().transaction() as trx:
             (await trx.edit(Item, items[2].id)).tag = "b"  # a member, in place
             (await trx.edit(Item, items[30].id)).n = 100  # past the LIMIT: nothing
@@ -280,7 +318,7 @@ async def test_a_limit_query_places_a_change_to_a_member_without_a_query() -> No
             (await trx.edit(Item, items[40].id)).n = 0  # ranks first: 4 leaves
         (second,) = live.changes_nowait()
         await live.wait_settled()
-        assert queried == 0
+        assert queried == [0]
         assert [v.tag for v in first.updated] == ["b"]
         assert not first.added
         assert [v.id for v in second.added] == [items[40].id]
@@ -289,5 +327,38 @@ async def test_a_limit_query_places_a_change_to_a_member_without_a_query() -> No
         async with node.context().transaction() as trx:
             await trx.delete(Item, items[0].id)  # makes room: storage ranks the refill
         await live.wait_settled()
-        assert queried == 1
+        assert queried == [1]
         assert [v.n for v in live.items] == [0, 11, 12, 13, 14]
+
+
+async def test_a_served_limit_subscription_places_a_change_to_a_member_without_a_query(
+    remote: tuple[Node, Node],
+) -> None:
+    """The server ranks a client's LIMIT subscription the same way: an in-place edit of a
+    member, or a match ranked past the LIMIT, costs the server no storage query."""
+    server_node, client = remote
+    async with server_node.context().transaction() as trx:
+        items = [trx.create(Item, n=i + 10, tag="a") for i in range(50)]
+    async with client.context().query(Item, "n >= 0 ORDER BY n LIMIT 5") as live:
+        changes = aiter(live)
+        await asyncio.wait_for(anext(changes), 10)
+        queried = count_fetches(server_node)
+        async with server_node.context().transaction() as trx:
+            (await trx.edit(Item, items[2].id)).tag = "b"  # a member, in place
+            (await trx.edit(Item, items[30].id)).n = 100  # past the LIMIT: nothing
+        first = await asyncio.wait_for(anext(changes), 10)
+        async with server_node.context().transaction() as trx:
+            (await trx.edit(Item, items[40].id)).n = 0  # ranks first: 4 leaves
+        second = await asyncio.wait_for(anext(changes), 10)
+        assert [v.tag for v in first.updated] == ["b"]
+        assert [v.id for v in second.added] == [items[40].id]
+        assert [v.id for v in second.removed] == [items[4].id]
+        assert queried == [0]
+        async with server_node.context().transaction() as trx:
+            await trx.delete(Item, items[0].id)  # makes room: the server ranks the refill
+        await until(client, lambda: _is(live, [0, 11, 12, 13, 14]))
+        assert queried[0] >= 1
+
+
+async def _is(live: LiveQuery[Item], ns: list[int]) -> bool:
+    return [v.n for v in live.items] == ns

@@ -10,8 +10,8 @@ The :class:`Reactor` is the node's one change listener for live queries. Its **c
 index** maps (collection, field) to the queries whose predicate or ORDER BY reads that
 field, and each entity to the queries it belongs to, so a commit re-evaluates only the
 queries it can affect: a query is touched by a change when the entity is one of its
-members or a field it reads changed. A query with a LIMIT keeps its members in rank
-order (:class:`_Ranks`): a change it can place from them is applied as any other — a
+members or a field it reads changed. A query with a LIMIT keeps its members' ranks
+(:mod:`mycelia.node.ranks`) and applies a change it can place from them as any other: a
 member that stays inside the last rank, or a new match that ranks before it (the last
 member leaves) or fills a result short of the LIMIT. Only a change that makes room (a
 full result's member leaves or falls past its last rank) or that policy hides makes the
@@ -31,7 +31,6 @@ ever); when the node closes, every open live query's iteration ends.
 from __future__ import annotations
 
 import asyncio
-import bisect
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -45,6 +44,7 @@ from mycelia.node.changes import ChangeQueue, ChangeSet
 from mycelia.node.policy import Credentials, PolicyAgent
 from mycelia.node.ports import Follow, Standing, Watch
 from mycelia.node.progress import Slow
+from mycelia.node.ranks import Ranks
 from mycelia.proto import EntityId, EntityState
 from mycelia.proto.query import (
     And,
@@ -107,7 +107,7 @@ class LiveQuery(Generic[M]):
         self.query_id = parts.query_ids()
         self._members: dict[EntityId, M] = {}
         self._keys: dict[EntityId, bytes] = {}
-        self._ranks: _Ranks | None = None
+        self._ranks: Ranks | None = None
         """A LIMIT query's members in rank order (``None``: no LIMIT, or unknown until the
         next load: policy hid some of the rows storage ranked)."""
         self._changes: ChangeQueue[M] = ChangeQueue()
@@ -227,7 +227,8 @@ class LiveQuery(Generic[M]):
             if self._parts.policy.can_read(self._credentials, snapshot):
                 self._admit(snapshot)
         limit, exact = self.query.limit, len(self._members) == len(rows)  # policy hid none
-        self._ranks = _Ranks(limit, self._keys) if isinstance(limit, int) and exact else None
+        ranked = self._keys.items()
+        self._ranks = Ranks(limit, ranked) if isinstance(limit, int) and exact else None
         return self.items
 
     def _admit(self, snapshot: Snapshot, views: dict[object, object] | None = None) -> M:
@@ -292,17 +293,15 @@ class LiveQuery(Generic[M]):
         if self.query.limit is not None:
             if ranks is None or self._refreshing or selected != matches:
                 return False  # not ranked here, a refresh to come, or a row policy hides
-            rank = (order_key(after.values, self.query.order_by), bytes(entity_id))
-            placed = ranks.place(self._rank_of(entity_id), rank if matches else None)
+            key = order_key(after.values, self.query.order_by) if matches else None
+            placed = ranks.place(entity_id, key)
             if placed is None:
                 return False
-            matches, evicted = placed
-            if evicted is not None:
-                self._leave(EntityId(evicted), out)
+            matches, pushed = placed
+            if pushed is not None:
+                self._leave(pushed, out)
         if matches:
             view = self._admit(after, views)
-            if ranks is not None:
-                ranks.add(self._rank_of(entity_id))
             if previous is None:
                 previous = _take(out.removed, entity_id)  # pushed out earlier in the batch
                 if previous is None:
@@ -313,15 +312,9 @@ class LiveQuery(Generic[M]):
             self._leave(entity_id, out)
         return True
 
-    def _rank_of(self, entity_id: EntityId) -> tuple[bytes, bytes] | None:
-        key = self._keys.get(entity_id)
-        return None if key is None else (key, bytes(entity_id))
-
     def _leave(self, entity_id: EntityId, out: ChangeSet[M]) -> None:
         """A member leaves the result (noted in ``out``, unless it came in this batch)."""
         view = self._members.pop(entity_id)
-        if self._ranks is not None:
-            self._ranks.discard((self._keys[entity_id], bytes(entity_id)))
         self._keys.pop(entity_id)
         self._parts.watch.untrack(entity_id, self)
         if _take(out.added, entity_id) is not None:
@@ -387,52 +380,6 @@ def _checked(model: type[Model], text: str, args: tuple[object, ...]) -> Query:
 
 def _snapshot_of(state: EntityState, values: Mapping[str, object]) -> Snapshot:
     return Snapshot(state.entity_id, state.collection, state.state.head, values)
-
-
-class _Ranks:
-    """A LIMIT query's members' ranks (ORDER BY key, then entity id), sorted, and what a
-    change does to them when that can be told without storage: every row that matches
-    and is no member ranks after the last member, or there is none (the result is short
-    of the LIMIT)."""
-
-    __slots__ = ("_limit", "_sorted")
-
-    def __init__(self, limit: int, keys: Mapping[EntityId, bytes]) -> None:
-        self._limit = limit
-        self._sorted = sorted((key, bytes(e)) for e, key in keys.items())
-
-    def place(
-        self, old: tuple[bytes, bytes] | None, new: tuple[bytes, bytes] | None
-    ) -> tuple[bool, bytes | None] | None:
-        """A row that ranked at ``old`` (``None``: no member) now ranks at ``new``
-        (``None``: it no longer matches). Returns whether it is a member now and the
-        entity id of a member it pushes out, having taken ``old`` out (the caller adds
-        ``new`` back); ``None`` (nothing changed) when storage must rank it: a full
-        result's member leaves or falls past the last rank."""
-        ranks = self._sorted
-        full = len(ranks) >= self._limit
-        if old is not None:
-            if full and (new is None or new > ranks[-1]):
-                return None  # it leaves room, or some other row may now rank before it
-            self.discard(old)
-            return new is not None, None
-        if new is None:
-            return False, None
-        if not full:
-            return True, None
-        if new > ranks[-1]:
-            return False, None  # ranks past the LIMIT
-        return True, ranks[-1][1]  # the last member makes room
-
-    def add(self, rank: tuple[bytes, bytes] | None) -> None:
-        if rank is not None:
-            bisect.insort(self._sorted, rank)
-
-    def discard(self, rank: tuple[bytes, bytes]) -> None:
-        ranks = self._sorted
-        at = bisect.bisect_left(ranks, rank)
-        if at < len(ranks) and ranks[at] == rank:
-            del ranks[at]
 
 
 class Reactor:

@@ -63,6 +63,7 @@ from mycelia.node.deltas import HEAVY_AT_ONCE, check_cost, delta_for, served_row
 from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
 from mycelia.node.ports import Peer
 from mycelia.node.pushes import FEED_BYTES, Missed, SubscriberFeed, changes_size, events_size
+from mycelia.node.ranks import Ranks
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
 from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.messages import Message
@@ -85,8 +86,9 @@ from mycelia.proto.peering import (
     SystemRequest,
     UnsubscribeRequest,
 )
-from mycelia.proto.query import Query, evaluate, parse
+from mycelia.proto.query import Query, evaluate, order_key, parse
 from mycelia.proto.query.compile import Compiled, compile_predicate
+from mycelia.retrieval import StoredState
 from mycelia.storage import StorageEngine
 
 __all__ = ["Loader", "Responder"]
@@ -108,9 +110,11 @@ class _Standing:
     query: Query
     credentials: Credentials
     sent: dict[EntityId, Clock] = field(default_factory=dict)
+    """Entities the peer holds for this query, with the head it holds."""
     predicate: Compiled | None = None
     """The query's predicate, compiled once (see :mod:`mycelia.proto.query.compile`)."""
-    """Entities the peer holds for this query, with the head it holds."""
+    ranks: Ranks | None = None
+    """A LIMIT query's result as last ranked (``None``: rank it from storage next)."""
 
 
 class Loader(Protocol):
@@ -175,7 +179,8 @@ class Responder:
                 return response
             case FetchRequest():
                 query = _bound(msg.query, msg.args)
-                deltas = self._deltas(peer, msg.collection, query, msg.known, {})
+                answer = _Standing(0, msg.collection, query, peer.credentials)
+                deltas = self._deltas(peer, answer, msg.known)
                 return await _paged_deltas(peer, msg.request_id, deltas)
             case SubscribeRequest():
                 return await self._subscribe(peer, msg)
@@ -284,7 +289,13 @@ class Responder:
         standing = self._subscriptions.setdefault(peer, {})
         if msg.query_id not in standing and len(standing) >= MAX_SUBSCRIPTIONS:
             raise InvalidArgument(f"a peer may hold at most {MAX_SUBSCRIPTIONS} subscriptions")
-        members: dict[EntityId, Clock] = {}
+        fresh = _Standing(
+            msg.query_id,
+            msg.collection,
+            query,
+            peer.credentials,
+            predicate=compile_predicate(query.predicate),
+        )
         # The answer reads the entities one by one while commits go on, and the query
         # stands only once it is built: what is committed meanwhile is kept and fed to
         # the peer's subscriptions then (each is compared with what was sent, so what the
@@ -293,18 +304,11 @@ class Responder:
         missed = Missed(msg.collection)
         self._answering.add(missed)
         try:
-            deltas = self._deltas(peer, msg.collection, query, msg.known, members)
+            deltas = self._deltas(peer, fresh, msg.known)
             response = await _paged_deltas(peer, msg.request_id, deltas)
         finally:
             self._answering.discard(missed)
-        standing[msg.query_id] = _Standing(
-            msg.query_id,
-            msg.collection,
-            query,
-            peer.credentials,
-            members,
-            compile_predicate(query.predicate),
-        )
+        standing[msg.query_id] = fresh
         self._ensure_worker(peer)
         feed = self._queues[peer]
         if missed.overflowed or not all(feed.offer(c, n) for c, n in missed.changes):
@@ -312,28 +316,20 @@ class Responder:
         return response
 
     async def _deltas(
-        self,
-        peer: Peer,
-        collection: str,
-        query: Query,
-        known: tuple[KnownEntity, ...],
-        members: dict[EntityId, Clock],
+        self, peer: Peer, answer: _Standing, known: tuple[KnownEntity, ...]
     ) -> AsyncIterator[Delta]:
-        """Deltas for a query's result, and (into ``members``) what the peer then holds
-        fresh for this query: the result, plus known entities that still match the
-        predicate (outside a LIMIT they are kept fresh, so the peer's own ordering stays
-        right). A known entity the peer may not read, of another collection, or unknown
-        here gets the same delta: ``matches=False`` with no data.
+        """Deltas for ``answer``'s query, and (into ``answer.sent``) what the peer then
+        holds fresh for it: the result, plus known entities that still match the predicate
+        (outside a LIMIT they are kept fresh, so the peer's own ordering stays right). A
+        known entity the peer may not read, of another collection, or unknown here gets
+        the same delta: ``matches=False`` with no data. A LIMIT result is kept as
+        ``answer.ranks`` (see :meth:`_rank`).
         """
-        credentials = peer.credentials
+        credentials, collection, query = peer.credentials, answer.collection, answer.query
+        members = answer.sent
         known_heads = {k.entity_id: k.head for k in known}
-        rows = await served_rows(
-            self._storage, collection, query, lane=self._lane(peer), heavy=self._heavy
-        )
-        for stored in rows:
+        for stored in await self._rank(answer, peer):
             state = stored.state
-            if not self._policy.can_read(credentials, _snapshot(state, stored.values)):
-                continue
             held = known_heads.pop(state.entity_id, None)
             delta = await delta_for(self._storage, state, held)
             if delta is not None:
@@ -429,8 +425,11 @@ class Responder:
         relevant = [c for c in changes if c.after.collection == standing.collection]
         if not relevant:
             return []
-        limited = standing.query.limit is not None
-        ranked: set[EntityId] | None = await self._ranked(standing, peer) if limited else None
+        ranked: set[EntityId] | None = None
+        if standing.query.limit is not None:
+            ranked = self._placed(standing, relevant)
+            if ranked is None:
+                ranked = {s.state.entity_id for s in await self._rank(standing, peer)}
         deltas = []
         for change in relevant:
             entity_id = change.after.entity_id
@@ -446,16 +445,43 @@ class Responder:
             deltas.extend(await self._refill(standing, ranked))
         return deltas
 
-    async def _ranked(self, standing: _Standing, peer: Peer) -> set[EntityId]:
+    def _placed(self, standing: _Standing, changes: list[EntityChange]) -> set[EntityId] | None:
+        """A LIMIT query's result after ``changes``, placed from its ranks (``None``: only
+        storage can rank them; see :mod:`mycelia.node.ranks`)."""
+        ranks, standing.ranks = standing.ranks, None  # back once every change is placed
+        if ranks is None:
+            return None
+        order_by = standing.query.order_by
+        for change in changes:
+            after = change.after
+            selected = not after.deleted and self._selects(standing, after)
+            if selected and not self._policy.can_read(standing.credentials, after):
+                return None  # storage ranks a row policy hides among the LIMIT
+            key = order_key(after.values, order_by) if selected else None
+            if ranks.place(after.entity_id, key) is None:
+                return None
+        standing.ranks = ranks
+        return set(ranks.members())
+
+    async def _rank(self, standing: _Standing, peer: Peer) -> list[StoredState]:
+        """The rows of a query's result the peer may read, from storage. A LIMIT result
+        is kept as ``standing.ranks`` when policy hides none of its rows (a hidden row
+        among them: every change is ranked by storage)."""
         lane, heavy = self._lane(peer), self._heavy
         rows = await served_rows(
             self._storage, standing.collection, standing.query, lane=lane, heavy=heavy
         )
-        return {
-            s.state.entity_id
+        readable = [
+            s
             for s in rows
             if self._policy.can_read(standing.credentials, _snapshot(s.state, s.values))
-        }
+        ]
+        limit = standing.query.limit
+        if isinstance(limit, int) and len(readable) == len(rows):
+            order_by = standing.query.order_by
+            ranked = [(s.state.entity_id, order_key(s.values, order_by)) for s in rows]
+            standing.ranks = Ranks(limit, ranked)
+        return readable
 
     async def _refill(self, standing: _Standing, ranked: set[EntityId]) -> list[Delta]:
         """Rows that entered a LIMIT result because others left it."""
@@ -502,9 +528,14 @@ class Responder:
     def _member(self, standing: _Standing, snapshot: Snapshot) -> bool:
         return (
             not snapshot.deleted
-            and (standing.predicate or compile_predicate(standing.query.predicate))(snapshot.values)
+            and self._selects(standing, snapshot)
             and self._policy.can_read(standing.credentials, snapshot)
         )
+
+    @staticmethod
+    def _selects(standing: _Standing, snapshot: Snapshot) -> bool:
+        """Whether the query's predicate selects the entity's values (policy aside)."""
+        return (standing.predicate or compile_predicate(standing.query.predicate))(snapshot.values)
 
 
 def _bound(text: str, args: tuple[object, ...]) -> Query:
