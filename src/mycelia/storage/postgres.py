@@ -93,6 +93,7 @@ from mycelia.storage.engine import (
     entity_records,
 )
 from mycelia.storage.plan import IndexPlan, check_bound, plan_query
+from mycelia.storage.postgres_arrays import Bytea, Texts, register
 from mycelia.storage.postgres_listen import FeedListener
 from mycelia.storage.postgres_schema import check_schema, lock_key, migrate
 from mycelia.storage.postgres_sql import (
@@ -135,6 +136,12 @@ def _translate(exc: Exception, what: str) -> StorageError:
     if isinstance(exc, (psycopg.errors.DataCorrupted, psycopg.errors.IndexCorrupted)):
         return StorageCorrupt(f"{what}: {exc}")
     return StorageError(f"{what}: {exc}")
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Each pooled connection sends the engine's array columns in one pass
+    (:mod:`mycelia.storage.postgres_arrays`)."""
+    register(conn)
 
 
 _Written = tuple[frozenset[EventId], tuple[int, ...], list[StateRow]]
@@ -205,6 +212,7 @@ class PostgresStorage:
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 self.dsn, min_size=self._sizes[0], max_size=self._sizes[1],
                 kwargs={"autocommit": True}, open=False, timeout=self._connect_timeout,
+                configure=_configure,
             )  # fmt: skip
             try:
                 await pool.open(wait=True, timeout=self._connect_timeout)
@@ -279,7 +287,7 @@ class PostgresStorage:
         """The stored states among ``ids``."""
         if not ids:
             return {}
-        rows = await self._fetch("states", ([bytes(i) for i in ids],))
+        rows = await self._fetch("states", (Bytea([bytes(i) for i in ids]),))
         states = [decode_state(r[0]) for r in rows]
         return {s.entity_id: s for s in states}
 
@@ -372,7 +380,7 @@ class PostgresStorage:
             return written  # their events are the recent ones this engine wrote
         entries: dict[int, FeedEntry] = {}
         events: list[AdmittedEvent] = []
-        shown = None if collections is None else sorted(collections)
+        shown = None if collections is None else Texts(sorted(collections))
         params = (offset, limit, shown, shown)
         for o, e, c, h, *event in await self._fetch("feed_heads", params):
             if o not in entries:

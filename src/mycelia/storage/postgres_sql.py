@@ -30,6 +30,7 @@ from mycelia.proto.query import Query, encode_key, evaluate, sort_rows
 from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage.engine import STORED_LIMITS, decode_values, encode_values
 from mycelia.storage.plan import IndexPlan, index_entries
+from mycelia.storage.postgres_arrays import Bytea, Texts
 
 __all__ = [
     "FIELD_KEYS_VERSION",
@@ -327,9 +328,9 @@ def clock(head: bytes) -> Clock:
 
 def key_columns(
     states: Sequence[tuple[bytes, str, Mapping[str, bytes]]],
-) -> tuple[list[bytes], list[bytes], list[str], list[bytes | None]]:
+) -> tuple[Bytea, Bytea, Texts, Bytea]:
     """``insert_keys`` parameters from (entity, collection, index entries) per state."""
-    columns: tuple[list[bytes], list[bytes], list[str], list[bytes | None]] = ([], [], [], [])
+    columns = (Bytea(), Bytea(), Texts(), Bytea())
     for entity, collection, entries in states:
         for field, key in entries.items():
             columns[0].append(bytes(entity))

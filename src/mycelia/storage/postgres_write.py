@@ -38,6 +38,7 @@ from psycopg import sql
 from mycelia.proto import AdmittedEvent, EntityState, EventId
 from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage.join import covers, join_stored
+from mycelia.storage.postgres_arrays import Bigints, Bytea, Texts
 from mycelia.storage.postgres_sql import (
     HEAD_MOVED,
     StateRow,
@@ -80,7 +81,14 @@ async def offsets(cursor: psycopg.AsyncCursor[Any], count: int) -> tuple[int, ..
 
 def _state_columns(rows: Sequence[StateRow]) -> list[list[Any]]:
     """The ``upsert_states`` / ``insert_new_states`` parameters: one array per column."""
-    return [list(c) for c in zip(*(r[:6] for r in rows), strict=True)]
+    return [
+        Bytea([r[0] for r in rows]),
+        Texts([r[1] for r in rows]),
+        Bytea([r[2] for r in rows]),
+        Bytea([r[3] for r in rows]),
+        Texts([r[4] for r in rows]),
+        Bytea([r[5] for r in rows]),
+    ]
 
 
 def write_batch_params(
@@ -103,7 +111,7 @@ def write_batch_params(
     return [
         *event_columns(ordered),
         *_state_columns(rows),
-        [bases[e] for e in entities],
+        Bytea([bases[e] for e in entities]),
         *keys,
         channel,
         writer,
@@ -112,7 +120,7 @@ def write_batch_params(
 
 def events_query(ids: Collection[EventId], ahead: int) -> tuple[str, Any]:
     """The statement and parameters that read ``ids`` (plus ``ahead`` ancestors)."""
-    wanted = [bytes(i) for i in ids]
+    wanted = Bytea([bytes(i) for i in ids])
     if ahead > 0:
         return "ahead", {"ids": wanted, "n": len(wanted) + ahead}
     return "events", (wanted,)
@@ -121,11 +129,11 @@ def events_query(ids: Collection[EventId], ahead: int) -> tuple[str, Any]:
 def event_columns(events: Sequence[AdmittedEvent]) -> list[list[Any]]:
     """The ``insert_events`` parameters: one array per column."""
     return [
-        [bytes(e.id) for e in events],
-        [bytes(e.entity_id) for e in events],
-        [e.generation for e in events],
-        [b"".join(e.parent.ids) for e in events],
-        [e.event.to_bytes() for e in events],
+        Bytea([bytes(e.id) for e in events]),
+        Bytea([bytes(e.entity_id) for e in events]),
+        Bigints([e.generation for e in events]),
+        Bytea([b"".join(e.parent.ids) for e in events]),
+        Bytea([e.event.to_bytes() for e in events]),
     ]
 
 
