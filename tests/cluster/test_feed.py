@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mycelia import EntityId, Node
+from mycelia import EntityId, Model, Node
 from mycelia.entity import Entity, EntityChange, Residents
 from mycelia.entity.verdicts import head_after
 from mycelia.errors import EntityNotFound, InvalidArgument
@@ -24,6 +24,12 @@ from tests.node.waiting import until
 from tests.storage.conftest import PostgresSchemas
 
 pytestmark = pytest.mark.postgres
+
+
+class Flag(Model, collection="flags"):
+    """A collection apart from the cards."""
+
+    up: bool = True
 
 
 async def open_pair(
@@ -466,5 +472,74 @@ async def test_following_its_own_commits_costs_a_node_no_query(
         await until(b, shows_20)
         await live.close()
     finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_node_that_shows_none_of_a_commits_collections_follows_it_without_a_query(
+    pg_schemas: PostgresSchemas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit's NOTIFY says its feed rows: a node nobody watches their collection
+    through evicts their entities and moves on without reading the feed (before: one
+    query per commit, on every such server)."""
+    a, b, _, second = await open_pair(pg_schemas)
+    try:
+        entity = await create(a, "theirs")
+        assert (await b.context().get(Card, entity)).n == 0  # resident on b now
+        flags = await b.context().query(Flag, "").__aenter__()
+        assert b._shows() == {"flags"}
+        fetched = queries_of(second, monkeypatch)
+        for n in range(1, 11):
+            await set_n(a, entity, n)
+        async with a.context().transaction() as trx:
+            trx.create(Flag)  # after the cards in the feed: b has followed them once it shows
+
+        async def flagged() -> bool:
+            return len(flags.items) == 1
+
+        await until(b, flagged)
+        await flags.close()
+        feed = [f for f in fetched if f in ("feed", "feed_heads", "last")]
+        assert feed == ["feed_heads"], "the flag's row alone was read"
+        assert (await b.context().get(Card, entity)).n == 10, "b read the stored state"
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_rows_heard_are_the_stored_ones_and_a_gap_among_them_is_read(
+    pg_schemas: PostgresSchemas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows known from notifications are the feed's own (as a query reads them), used only
+    as a run with no gap: a row not heard (a lost notification) is read from the feed."""
+    a, b, _, engine = await open_pair(pg_schemas)
+    reader = await PostgresStorage(pg_schemas.dsn, schema=engine.schema, listen=False).open()
+    second = await PostgresStorage(pg_schemas.dsn, schema=engine.schema).open()  # no node on it
+    try:
+        start = await reader.last_offset()
+        entities = [await create(a, f"card {i}") for i in range(4)]
+        await set_n(a, entities[0], 1)
+        last = await reader.last_offset()
+        heard = second._listener.heard
+
+        async def all_heard() -> bool:
+            return all(o in heard for o in range(start + 1, last + 1))
+
+        await until(a, all_heard)
+        stored = await reader.read_feed(start, collections=set())
+        assert [r.offset for r in stored] == list(range(start + 1, last + 1))
+        fetched = queries_of(second, monkeypatch)
+        assert await second.read_feed(start, collections=set()) == stored
+        assert await second.read_since(start) == stored
+        assert fetched == [], "both from what was heard"
+        assert await second.read_feed(start, collections={"cards"}) == stored
+        assert fetched == ["feed_heads"], "rows of a shown collection: read with their events"
+        del heard[start + 3]  # as if its notification was lost
+        assert await second.read_feed(start, collections=set()) == stored[:2]
+        assert await second.read_feed(start + 2, collections=set()) == stored[2:]
+        assert fetched == ["feed_heads", "feed_heads"], "the gap was read"
+    finally:
+        await reader.close()
+        await second.close()
         await a.close()
         await b.close()

@@ -73,7 +73,7 @@ import asyncio
 import logging
 import re
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, cast
 
@@ -359,9 +359,9 @@ class PostgresStorage:
         """Feed rows after ``offset``, ascending, at most ``limit`` (never skipping one)."""
         if limit <= 0:
             return []
-        written = self._written_since(offset, limit)
-        if written:
-            return written  # rows never change once committed: these are the stored ones
+        known = self._known_since(offset, limit, lambda _: True)
+        if known:
+            return known  # rows never change once committed: these are the stored ones
         rows = await self._fetch("feed", (offset, limit))
         return [FeedEntry(o, EntityId._trusted(e), c, clock(h)) for o, e, c, h in rows]
 
@@ -372,12 +372,18 @@ class PostgresStorage:
         query, into the recent events :meth:`get_events` answers from: a follower reads
         those next, and another process's commit then costs it one query, not two.
         ``collections``: read the events of those collections' rows only (``None``: all;
-        a follower names the collections it shows, and skips the other rows)."""
+        a follower names the collections it shows, and skips the other rows). A run of
+        rows this engine wrote, or heard of and of no such collection, costs no query: a
+        server nobody watches a collection through reads nothing per commit there."""
         if limit <= 0:
             return []
-        written = self._written_since(offset, limit)
-        if written:
-            return written  # their events are the recent ones this engine wrote
+
+        def skipped(row: FeedEntry) -> bool:
+            return collections is not None and row.collection not in collections
+
+        known = self._known_since(offset, limit, skipped)
+        if known:
+            return known  # their events are the recent ones this engine wrote, or unread
         entries: dict[int, FeedEntry] = {}
         events: list[AdmittedEvent] = []
         shown = None if collections is None else Texts(sorted(collections))
@@ -390,15 +396,22 @@ class PostgresStorage:
         self._recent.remember(events)
         return list(entries.values())
 
-    def _written_since(self, offset: int, limit: int) -> list[FeedEntry]:
-        """The run of this engine's own rows right after ``offset`` (at most ``limit``)."""
-        written: list[FeedEntry] = []
-        while (
-            len(written) < limit
-            and (row := self._written.get(offset + 1 + len(written))) is not None
-        ):
-            written.append(row)
-        return written
+    def _known_since(
+        self, offset: int, limit: int, usable: Callable[[FeedEntry], bool]
+    ) -> list[FeedEntry]:
+        """The run of rows right after ``offset`` (at most ``limit``) known without a query:
+        this engine's own, and those notifications told of that are ``usable``."""
+        known: list[FeedEntry] = []
+        heard = self._listener.heard
+        while len(known) < limit:
+            at = offset + 1 + len(known)
+            row = self._written.get(at)
+            if row is None:
+                row = heard.get(at)
+                if row is None or not usable(row):
+                    break
+            known.append(row)
+        return known
 
     async def last_offset(self) -> int:
         """The newest committed offset."""

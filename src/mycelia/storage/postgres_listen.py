@@ -1,9 +1,10 @@
 """The PostgreSQL change feed's wake-up: ``LISTEN`` on the feed's channel (ARCHITECTURE.md §6).
 
 Every write batch with states notifies its last feed offset on commit, with the id of
-the engine that wrote it (``"<offset> <writer>"``). A :class:`FeedListener` keeps one
-connection listening and turns notifications into wake-ups for :meth:`FeedListener.wait`.
-Invariants:
+the engine that wrote it and, when they fit, its feed rows
+(:mod:`mycelia.storage.postgres_notice`). A :class:`FeedListener` keeps one connection
+listening, turns notifications into wake-ups for :meth:`FeedListener.wait`, and keeps the
+rows they told of (:attr:`FeedListener.heard`). Invariants:
 
 - The wake is a **hint only**. A waiter asks the server for the clock whenever it could
   have missed a notification — while not listening, when it waits below the clock read
@@ -19,6 +20,10 @@ Invariants:
 - An engine's own writes wake its waiters through :meth:`FeedListener.announce`, once the
   write has returned (and the engine has noted its feed rows), never through their
   notification, which may arrive first: it is ignored.
+- A row in :attr:`FeedListener.heard` is committed (a notification is delivered on
+  commit) and is the feed's row at its offset; rows not heard (a lost notification, a
+  payload without them) are simply absent, so a reader uses heard rows only as a run
+  with no gap and reads the rest.
 - A lost listening connection is re-established with exponential back-off (from the poll
   interval up to :data:`MAX_BACKOFF`), logged once per loss; meanwhile waiters poll. Once
   listening again it wakes every waiter: something may have committed meanwhile.
@@ -27,9 +32,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -37,13 +42,17 @@ import psycopg
 from psycopg import sql
 
 from mycelia.errors import StorageError
+from mycelia.storage.engine import FeedEntry
+from mycelia.storage.postgres_notice import parse_notice
 
-__all__ = ["MAX_BACKOFF", "FeedListener"]
+__all__ = ["HEARD", "MAX_BACKOFF", "FeedListener"]
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF: Final = 30.0
 """Longest pause between attempts to listen again (seconds)."""
+HEARD: Final = 4096
+"""Most feed rows kept from notifications."""
 
 
 class FeedListener:
@@ -67,6 +76,9 @@ class FeedListener:
         self.heard_from: int | None = None
         """The feed clock read once this connection listened: every offset above it is
         notified to it (``None`` while not listening)."""
+        self.heard: OrderedDict[int, FeedEntry] = OrderedDict()
+        """The feed rows the latest notifications told of, by offset (at most
+        :data:`HEARD`; :mod:`mycelia.storage.postgres_notice`)."""
         self._clock = clock
         self.writer = secrets.token_hex(8)
         """The id this engine's writes sign their notifications with."""
@@ -160,9 +172,13 @@ class FeedListener:
             backoff = min(backoff * 2, MAX_BACKOFF)
 
     def _heard(self, payload: str) -> None:
-        offset, _, writer = payload.partition(" ")
-        if writer == self.writer:
-            return  # this engine's own write: announce() tells of it once it has returned
-        with contextlib.suppress(ValueError):  # not an offset: still a hint that something moved
-            self.notified = max(self.notified, int(offset))
+        said = parse_notice(payload)
+        if said is not None:  # else not an offset: still a hint that something moved
+            if said.writer == self.writer:
+                return  # this engine's own write: announce() tells of it once it has returned
+            self.notified = max(self.notified, said.last)
+            for row in said.rows or ():
+                self.heard[row.offset] = row
+            while len(self.heard) > HEARD:
+                self.heard.popitem(last=False)
         self._wake()

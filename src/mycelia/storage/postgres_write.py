@@ -5,8 +5,9 @@ pipelined, in this order).
 Invariants:
 
 - Writers take their locks in one order: events by id, states by entity, the feed clock
-  last (``append_feed``, the transaction's last statement that takes a lock), so
-  concurrent writers never deadlock on their own; one aborted anyway is run again whole.
+  last (``append_feed``, the transaction's last statement that takes a lock, queued for
+  by the ``feed_lock`` statement just before), so concurrent writers
+  never deadlock on their own; one aborted anyway is run again whole.
 - **Reading an entity's head and writing its state are one serialisable step.** Each
   stored state's row is locked (``SELECT ... FOR UPDATE``) before it is written; a new
   entity's row is inserted first, so a writer racing to create it waits, then locks it.
@@ -39,6 +40,7 @@ from mycelia.proto import AdmittedEvent, EntityState, EventId
 from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage.join import covers, join_stored
 from mycelia.storage.postgres_arrays import Bigints, Bytea, Texts
+from mycelia.storage.postgres_notice import notice
 from mycelia.storage.postgres_sql import (
     HEAD_MOVED,
     StateRow,
@@ -114,7 +116,7 @@ def write_batch_params(
         Bytea([bases[e] for e in entities]),
         *keys,
         channel,
-        writer,
+        notice(writer, [(r[0], r[1], r[5]) for r in rows]),
     ]
 
 
@@ -157,7 +159,7 @@ async def write_at_once(
 class WriteTransaction:
     """The statements of one write transaction on ``conn`` (opened by the caller)."""
 
-    __slots__ = ("_conn", "_notify", "_q")
+    __slots__ = ("_channel", "_conn", "_q", "_writer")
 
     def __init__(
         self,
@@ -169,9 +171,9 @@ class WriteTransaction:
     ) -> None:
         self._conn = conn
         self._q = queries
-        self._notify = {"channel": channel, "writer": writer}
-        """What the feed's NOTIFY says: the channel, and which engine wrote (it ignores its
-        own notifications)."""
+        self._channel, self._writer = channel, writer
+        """The feed's NOTIFY channel, and the id that signs this engine's notifications
+        (it ignores its own)."""
 
     async def forget(self, entities: Collection[bytes]) -> None:
         """Delete ``entities`` whole: their events, state, field keys."""
@@ -272,8 +274,15 @@ class WriteTransaction:
         keys = [(r[0], r[1], r[6]) for r in latest.values() if r[6]]
         if keys:
             await self._conn.execute(self._q["insert_keys"], key_columns(keys))
-        feed = {"e": [r[0] for r in rows], "c": [r[1] for r in rows], "h": [r[5] for r in rows]}
-        return await self._conn.execute(self._q["append_feed"], {**feed, **self._notify})
+        feed = {
+            "e": Bytea([r[0] for r in rows]),
+            "c": Texts([r[1] for r in rows]),
+            "h": Bytea([r[5] for r in rows]),
+            "channel": self._channel,
+            "writer": notice(self._writer, [(r[0], r[1], r[5]) for r in rows]),
+        }
+        await self._conn.execute(self._q["feed_lock"])  # queue for the feed clock (see feed_lock)
+        return await self._conn.execute(self._q["append_feed"], feed)
 
     async def write_meta(self, meta: Sequence[tuple[str, bytes | None]]) -> None:
         final = dict(meta)  # the last write of a key wins, as in every engine

@@ -1,0 +1,95 @@
+"""What a write's ``NOTIFY`` on the feed's channel says (ARCHITECTURE.md §6).
+
+The payload is ``"<last offset> <writer>"``, then, when they fit in :data:`NOTICE_BYTES`,
+the feed rows the write appended, in offset order (the last one at ``<last offset>``)::
+
+    <last> <writer> <collection>/<entity>/<head>;<collection>/<entity>/<head>;...
+
+with the entity id and the head's concatenated ids in URL-safe base64. Collection names
+are letters, digits, ``_ . -`` (:data:`mycelia.proto.codec.NAME_PATTERN`), so neither
+separator can occur in one.
+
+A listener that heard a write's rows knows them without reading the feed: a follower that
+shows none of their collections skips them without a query (:mod:`mycelia.node.feed`
+evicts their entities and reports nothing). A payload without rows (a big write, or an
+engine of an older version) is still a wake-up, and a reader reads what it did not hear;
+so is a lost notification. A payload is parsed defensively: whatever does not parse
+gives no rows, never an error.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from mycelia.proto import EntityId
+from mycelia.proto.codec import NAME_PATTERN
+from mycelia.proto.ids import ID_LENGTH
+from mycelia.storage.engine import FeedEntry
+from mycelia.storage.postgres_sql import clock
+
+__all__ = ["NOTICE_BYTES", "Notice", "notice", "parse_notice"]
+
+NOTICE_BYTES: Final = 7_900
+"""Most bytes of a payload (PostgreSQL refuses one of 8,000 or more)."""
+_OFFSET_DIGITS: Final = 20
+"""Room for the offset the statement puts first (a bigint)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One parsed notification."""
+
+    last: int
+    writer: str
+    rows: tuple[FeedEntry, ...] | None
+    """The write's feed rows, ending at ``last`` (``None``: not said)."""
+
+
+def notice(writer: str, rows: Sequence[tuple[bytes, str, bytes]]) -> str:
+    """What follows ``<last offset> `` in the payload of a write by ``writer`` that
+    appends ``rows`` (entity id, collection, concatenated head ids) to the feed (the
+    offsets are taken in the write's own statement, which puts the payload together)."""
+    said = ";".join(f"{c}/{_b64(e)}/{_b64(h)}" for e, c, h in rows)
+    if _OFFSET_DIGITS + len(writer) + len(said) + 2 > NOTICE_BYTES:
+        return writer
+    return f"{writer} {said}" if said else writer
+
+
+def parse_notice(payload: str) -> Notice | None:
+    """``payload`` as a :class:`Notice` (``None``: not even an offset)."""
+    head, _, rest = payload.partition(" ")
+    try:
+        last = int(head)
+    except ValueError:
+        return None
+    writer, _, said = rest.partition(" ")
+    return Notice(last, writer, _rows(last, said) if said else None)
+
+
+def _rows(last: int, said: str) -> tuple[FeedEntry, ...] | None:
+    parts = said.split(";")
+    rows = []
+    for offset, part in enumerate(parts, start=last - len(parts) + 1):
+        fields = part.split("/")
+        if len(fields) != 3 or not NAME_PATTERN.match(fields[0]):
+            return None
+        try:
+            entity, head = _unb64(fields[1]), _unb64(fields[2])
+        except (binascii.Error, ValueError):
+            return None
+        if len(entity) != ID_LENGTH or not head or len(head) % ID_LENGTH:
+            return None
+        rows.append(FeedEntry(offset, EntityId._trusted(entity), fields[0], clock(head)))
+    return tuple(rows)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text.encode("ascii"))
