@@ -231,3 +231,56 @@ async def test_an_open_that_may_not_create_refuses_a_missing_schema_and_creates_
         assert await reader.get_meta("k") == b"v"
     finally:
         await reader.close()
+
+
+async def test_concurrent_writes_share_a_statement_and_each_gets_its_own_result(
+    pg_schemas: PostgresSchemas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: writes in flight together are one ``write_batch`` statement, and each
+    gets its own new events and a run of offsets. When the group's statement writes
+    nothing (here a stored head moved under one member), each member is written alone:
+    that one joins, the others are written as they would have been; the engine holds what
+    the same writes made one at a time store."""
+    histories = [History.make(n=i) for i in range(12)]
+    stale = histories[0]
+
+    def genesis_batch(h: History) -> WriteBatch:
+        return WriteBatch((h.g,), (state_of([h.g]),), bases={h.entity_id: Clock()})
+
+    stale_batch = WriteBatch((stale.a,), (state_of([stale.a]),), bases={stale.entity_id: Clock()})
+    contents = []
+    for together in (False, True):
+        engine = await PostgresStorage(pg_schemas.dsn, schema=pg_schemas.new_schema()).open()
+        statements: list[list[Any]] = []
+        real = engine._groups._run
+
+        async def counted(
+            params: list[Any], real: Any = real, statements: list[list[Any]] = statements
+        ) -> Any:
+            statements.append(params)
+            return await real(params)
+
+        monkeypatch.setattr(engine._groups, "_run", counted)
+        try:
+            first = await engine.write(genesis_batch(stale))
+            rest = [genesis_batch(h) for h in histories[1:]]
+            if together:
+                results = await asyncio.gather(*(engine.write(b) for b in rest))
+                assert 1 < len(statements) < 1 + len(rest), "they shared statements"
+                assert [r.new_events for r in results] == [{h.g.id} for h in histories[1:]]
+                offsets = sorted(o for r in results for o in r.offsets)
+                assert offsets == list(range(first.offsets[-1] + 1, first.offsets[-1] + 12))
+                statements.clear()
+                more = [genesis_batch(History.make(n=i)) for i in range(12, 15)]
+                await asyncio.gather(*(engine.write(b) for b in [stale_batch, *more]))
+                assert len(statements) == 1 + 4, "the group, then each alone (one moved)"
+            else:
+                for batch in [*rest, stale_batch]:
+                    await engine.write(batch)
+                for i in range(12, 15):
+                    await engine.write(genesis_batch(History.make(n=i)))
+            content = await engine_content(engine)
+            contents.append(sorted(map(repr, content[:-2])))  # the feed's order may differ
+        finally:
+            await engine.close()
+    assert contents[0] == contents[1]

@@ -241,15 +241,19 @@ class FeedFollower:
         if not news:
             return []
         shows = self._shows()  # asked before any await: a query opened later reads storage
-        skipped: list[EntityId] = []
+        skipped: list[FeedEntry] = []
         if shows is not None:
-            skipped = [r.entity_id for r in news if r.collection not in shows]
+            skipped = [r for r in news if r.collection not in shows]
             news = [r for r in news if r.collection in shows]
-            self._forget(skipped)
         async with AsyncExitStack() as stack:
-            for entity_id in sorted([r.entity_id for r in news] + skipped):  # the applier's order
+            for entity_id in sorted(r.entity_id for r in news + skipped):  # the applier's order
                 await stack.enter_async_context(self._lock(entity_id))
-            self._forget(skipped)  # again: a commit that held a lock may have put one back
+            # Under the locks: this node's own commit of a row, read before the applier
+            # reported it, is reported now (it writes and reports under the entity's lock),
+            # and its resident is current (before, it was evicted, and read back).
+            self._forget(
+                [r.entity_id for r in skipped if self._reported.get(r.entity_id) != r.head]
+            )
             if not news:
                 return []
             updates = await self._read(news)

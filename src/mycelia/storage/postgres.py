@@ -94,6 +94,7 @@ from mycelia.storage.engine import (
 )
 from mycelia.storage.plan import IndexPlan, check_bound, plan_query
 from mycelia.storage.postgres_arrays import Bytea, Texts, register
+from mycelia.storage.postgres_group import GroupCommit
 from mycelia.storage.postgres_listen import FeedListener
 from mycelia.storage.postgres_schema import check_schema, lock_key, migrate
 from mycelia.storage.postgres_sql import (
@@ -140,8 +141,11 @@ def _translate(exc: Exception, what: str) -> StorageError:
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     """Each pooled connection sends the engine's array columns in one pass
-    (:mod:`mycelia.storage.postgres_arrays`)."""
+    (:mod:`mycelia.storage.postgres_arrays`), and runs its statements without JIT: the
+    planner's cost of the feed's read (a lateral join per row) is past ``jit_above_cost``,
+    and compiling it took 13-200 ms a run, for a query that takes a fraction of one."""
     register(conn)
+    await conn.execute("SET jit = off")
 
 
 _Written = tuple[frozenset[EventId], tuple[int, ...], list[StateRow]]
@@ -194,6 +198,7 @@ class PostgresStorage:
         """The feed rows this engine wrote lately, by offset (at most :data:`_WRITTEN`):
         ``read_since`` answers a run of them without a query (a node's follower reads its
         own commits back so)."""
+        self._groups = GroupCommit(self._run_write_batch, self._batch_params)
         self._opening = asyncio.Lock()
         self._closed = False
 
@@ -553,14 +558,12 @@ class PostgresStorage:
         pool = await self._ready()
         if batch.forget:
             self._recent.forget_entities(frozenset(batch.forget))
-        at_once = write_batch_params(
-            batch, states, channel=self.channel, writer=self._listener.writer
-        )
+        at_once = self._batch_params(batch, states)
         done: _Written | None = None
         for attempt in range(1, _ATTEMPTS + 1):
             try:
                 if at_once is not None:
-                    done = await self._write_at_once(pool, at_once, states)
+                    done = await self._write_at_once(pool, at_once, batch, states, attempt)
                 if done is None:
                     at_once = None  # a stored head moved: this batch joins, however often it runs
                     done = await self._write_joining(pool, batch, states)
@@ -580,15 +583,32 @@ class PostgresStorage:
         return WriteResult(new, taken)
 
     async def _write_at_once(
-        self, pool: AsyncConnectionPool[Any], params: list[Any], states: list[StateRow]
+        self,
+        pool: AsyncConnectionPool[Any],
+        params: list[Any],
+        batch: WriteBatch,
+        states: list[StateRow],
+        attempt: int,
     ) -> _Written | None:
-        """``write_batch`` (None: a stored head moved, nothing was written)."""
-        async with pool.connection() as conn:
-            written = await write_at_once(conn, self._q["write_batch"], params)
+        """``write_batch`` (None: a stored head moved, nothing was written): at first with
+        the writes in flight beside it (:mod:`mycelia.storage.postgres_group`), alone
+        when run again after PostgreSQL aborted it."""
+        if attempt == 1:
+            grouped = await self._groups.write(batch, states, params)
+            return None if grouped is None else (*grouped, states)
+        written = await self._run_write_batch(params, pool)
         if written is None:
             return None
         new, last = written
         return new, tuple(range(last - len(states) + 1, last + 1)), states
+
+    async def _run_write_batch(
+        self, params: list[Any], pool: AsyncConnectionPool[Any] | None = None
+    ) -> tuple[frozenset[EventId], int] | None:
+        """One ``write_batch`` statement (see :func:`write_at_once`)."""
+        pool = pool or await self._ready()
+        async with pool.connection() as conn:
+            return await write_at_once(conn, self._q["write_batch"], params)
 
     async def _write_joining(
         self, pool: AsyncConnectionPool[Any], batch: WriteBatch, states: list[StateRow]
@@ -608,6 +628,9 @@ class PostgresStorage:
             taken = () if feed is None else await offsets(feed, len(rows))
         return new, taken, rows
 
+    def _batch_params(self, batch: WriteBatch, states: Sequence[StateRow]) -> list[Any] | None:
+        return write_batch_params(batch, states, channel=self.channel, writer=self._listener.writer)
+
     def _transaction(self, conn: psycopg.AsyncConnection[Any]) -> WriteTransaction:
         return WriteTransaction(conn, self._q, channel=self.channel, writer=self._listener.writer)
 
@@ -623,6 +646,7 @@ class PostgresStorage:
     async def close(self) -> None:
         """Stop listening and close the pool; further use raises StorageError."""
         self._closed = True
+        await self._groups.close()
         await self._listener.close()
         if self._pool is not None:
             await self._pool.close()

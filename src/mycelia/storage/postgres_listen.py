@@ -174,11 +174,11 @@ class FeedListener:
     def _heard(self, payload: str) -> None:
         said = parse_notice(payload)
         if said is not None:  # else not an offset: still a hint that something moved
+            for row in said.rows or ():
+                self.heard[row.offset] = row  # own rows too: a reader may pass them first
+            while len(self.heard) > HEARD:
+                self.heard.popitem(last=False)
             if said.writer == self.writer:
                 return  # this engine's own write: announce() tells of it once it has returned
             self.notified = max(self.notified, said.last)
-            for row in said.rows or ():
-                self.heard[row.offset] = row
-            while len(self.heard) > HEARD:
-                self.heard.popitem(last=False)
         self._wake()
