@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from mycelia.proto import Clock, EntityId, EventId
 from mycelia.storage.engine import FeedEntry
 from mycelia.storage.postgres_notice import NOTICE_BYTES, notice, parse_notice
+from mycelia.storage.testing import History
 
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.\-]{0,20}", fullmatch=True)
 ids = st.binary(min_size=32, max_size=32)
@@ -60,3 +61,36 @@ def test_a_payload_that_does_not_parse_gives_no_rows() -> None:
         assert said is not None
         assert said.rows is None, bad
         assert (said.last, said.writer) == (7, "w1")
+
+
+def test_a_payload_says_the_events_its_rows_heads_name_when_they_fit() -> None:
+    h = History.make()
+    rows = [(bytes(h.entity_id), "items", bytes(h.c.id))]
+    said = parse_notice(f"9 {notice('w1', rows, [h.a, h.c])}")  # a is no head: left out
+    assert said is not None
+    assert said.rows is not None
+    assert [(e.id, e.generation, e.to_bytes()) for e in said.events] == [
+        (h.c.id, h.c.generation, h.c.to_bytes())
+    ]
+    one_row = len(notice("w1", rows)) - len("w1 ") + 1  # with its separator
+    room = NOTICE_BYTES - 20 - len("w1 ") - 1
+    full = [(os.urandom(32), "items", bytes(h.c.id)) for _ in range(room // one_row)]
+    payload = f"{2**63 - 1} {notice('w1', full, [h.c])}"  # the rows fill it: no event fits
+    assert len(payload) <= NOTICE_BYTES
+    only_rows = parse_notice(payload)
+    assert only_rows is not None
+    assert only_rows.rows is not None
+    assert len(only_rows.rows) == len(full)
+    assert only_rows.events == ()
+
+
+def test_events_that_do_not_decode_are_dropped_and_the_rows_kept() -> None:
+    h = History.make()
+    rows = [(bytes(h.entity_id), "items", bytes(h.c.id))]
+    good = notice("w1", rows, [h.c])
+    body = good.rsplit("/", 1)[1]
+    for bad in (f"0/{body}", f"x/{body}", "3/AAAA", f"3/{body[:-8]}"):
+        said = parse_notice(f"9 {good.rsplit(' ', 1)[0]} {bad}")
+        assert said is not None
+        assert said.rows is not None, bad
+        assert said.events == (), bad

@@ -188,12 +188,17 @@ class PostgresStorage:
         self._connect_timeout = connect_timeout
         self._q = {k: sql.SQL(v).format(s=sql.Identifier(schema)) for k, v in QUERIES.items()}
         self._pool: AsyncConnectionPool[Any] | None = None
-        self._listener = FeedListener(
-            dsn, self.channel, clock=self.last_offset, poll_interval=poll_interval
-        )
         self._recent = RecentEvents()
-        """Events this engine wrote or read lately (:mod:`mycelia.storage.recent`): a walk
-        or a client's request for the last few events of an entity costs no round trip."""
+        """Events this engine wrote, read or heard of lately (:mod:`mycelia.storage.recent`):
+        a walk or a client's request for the last few events of an entity costs no round
+        trip."""
+        self._listener = FeedListener(
+            dsn,
+            self.channel,
+            clock=self.last_offset,
+            poll_interval=poll_interval,
+            remember=self._recent.remember,
+        )
         self._written: OrderedDict[int, FeedEntry] = OrderedDict()
         """The feed rows this engine wrote lately, by offset (at most :data:`_WRITTEN`):
         ``read_since`` answers a run of them without a query (a node's follower reads its
@@ -378,17 +383,21 @@ class PostgresStorage:
         those next, and another process's commit then costs it one query, not two.
         ``collections``: read the events of those collections' rows only (``None``: all;
         a follower names the collections it shows, and skips the other rows). A run of
-        rows this engine wrote, or heard of and of no such collection, costs no query: a
-        server nobody watches a collection through reads nothing per commit there."""
+        rows this engine wrote, or heard of and either of no such collection or with the
+        events their heads name heard too, costs no query: a server reads nothing for a
+        commit whose notification said it whole."""
         if limit <= 0:
             return []
+        recent = self._recent
 
-        def skipped(row: FeedEntry) -> bool:
-            return collections is not None and row.collection not in collections
+        def known(row: FeedEntry) -> bool:
+            if collections is not None and row.collection not in collections:
+                return True
+            return all(i in recent for i in row.head)
 
-        known = self._known_since(offset, limit, skipped)
-        if known:
-            return known  # their events are the recent ones this engine wrote, or unread
+        known_rows = self._known_since(offset, limit, known)
+        if known_rows:
+            return known_rows  # their events are recent ones (written or heard), or unread
         entries: dict[int, FeedEntry] = {}
         events: list[AdmittedEvent] = []
         shown = None if collections is None else Texts(sorted(collections))
@@ -622,7 +631,7 @@ class PostgresStorage:
                     await txn.forget([bytes(e) for e in batch.forget])
                 added = await txn.insert_events(batch.events)
                 rows, inserted = await txn.lock_and_join(batch, states)
-                feed = await txn.insert_states(rows, inserted=inserted)
+                feed = await txn.insert_states(rows, inserted=inserted, events=batch.events)
                 await txn.write_meta(batch.meta)
             new = frozenset() if added is None else await new_ids(added)
             taken = () if feed is None else await offsets(feed, len(rows))

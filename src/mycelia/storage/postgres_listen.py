@@ -35,13 +35,14 @@ import asyncio
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 import psycopg
 from psycopg import sql
 
 from mycelia.errors import StorageError
+from mycelia.proto import AdmittedEvent
 from mycelia.storage.engine import FeedEntry
 from mycelia.storage.postgres_notice import parse_notice
 
@@ -65,8 +66,10 @@ class FeedListener:
         *,
         clock: Callable[[], Awaitable[int]],
         poll_interval: float,
+        remember: Callable[[Sequence[AdmittedEvent]], None] = lambda _: None,
     ) -> None:
-        """``clock`` reads the feed clock (the newest committed offset)."""
+        """``clock`` reads the feed clock (the newest committed offset); ``remember`` keeps
+        the stored events notifications tell of."""
         self.dsn = dsn
         self.channel = channel
         self.notified = 0
@@ -80,6 +83,7 @@ class FeedListener:
         """The feed rows the latest notifications told of, by offset (at most
         :data:`HEARD`; :mod:`mycelia.storage.postgres_notice`)."""
         self._clock = clock
+        self._remember = remember
         self.writer = secrets.token_hex(8)
         """The id this engine's writes sign their notifications with."""
         self._poll = poll_interval
@@ -174,6 +178,8 @@ class FeedListener:
     def _heard(self, payload: str) -> None:
         said = parse_notice(payload)
         if said is not None:  # else not an offset: still a hint that something moved
+            if said.events:
+                self._remember(said.events)  # before the rows: a reader of them reads these
             for row in said.rows or ():
                 self.heard[row.offset] = row  # own rows too: a reader may pass them first
             while len(self.heard) > HEARD:

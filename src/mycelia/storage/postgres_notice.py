@@ -3,18 +3,21 @@
 The payload is ``"<last offset> <writer>"``, then, when they fit in :data:`NOTICE_BYTES`,
 the feed rows the write appended, in offset order (the last one at ``<last offset>``)::
 
-    <last> <writer> <collection>/<entity>/<head>;<collection>/<entity>/<head>;...
+    <last> <writer> <collection>/<entity>/<head>;...[ <generation>/<event>;...]
 
-with the entity id and the head's concatenated ids in URL-safe base64. Collection names
-are letters, digits, ``_ . -`` (:data:`mycelia.proto.codec.NAME_PATTERN`), so neither
-separator can occur in one.
+with the entity id, the head's concatenated ids and each event's canonical bytes in
+URL-safe base64; the events, when they fit too, are the write's events its rows' heads
+name. Collection names are letters, digits, ``_ . -``
+(:data:`mycelia.proto.codec.NAME_PATTERN`), so no separator can occur in one.
 
 A listener that heard a write's rows knows them without reading the feed: a follower that
 shows none of their collections skips them without a query (:mod:`mycelia.node.feed`
-evicts their entities and reports nothing). A payload without rows (a big write, or an
-engine of an older version) is still a wake-up, and a reader reads what it did not hear;
-so is a lost notification. A payload is parsed defensively: whatever does not parse
-gives no rows, never an error.
+evicts their entities and reports nothing), and one that shows them, once it holds the
+events their heads name, reports them without a query either. A payload without rows (a
+big write, or an engine of an older version) is still a wake-up, and a reader reads what
+it did not hear; so is a lost notification. A payload is parsed defensively: whatever
+does not parse gives no rows (or no events), never an error; an event's id is its bytes'
+hash, recomputed as it is decoded, so a row's head names only the event it is.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from mycelia.proto import EntityId
+from mycelia.errors import DecodeError
+from mycelia.proto import AdmittedEvent, EntityId, Event
 from mycelia.proto.codec import NAME_PATTERN
 from mycelia.proto.ids import ID_LENGTH
-from mycelia.storage.engine import FeedEntry
+from mycelia.storage.engine import STORED_LIMITS, FeedEntry
 from mycelia.storage.postgres_sql import clock
 
 __all__ = ["NOTICE_BYTES", "Notice", "notice", "parse_notice"]
@@ -47,16 +51,30 @@ class Notice:
     writer: str
     rows: tuple[FeedEntry, ...] | None
     """The write's feed rows, ending at ``last`` (``None``: not said)."""
+    events: tuple[AdmittedEvent, ...] = ()
+    """Events the rows' heads name (as many as were said)."""
 
 
-def notice(writer: str, rows: Sequence[tuple[bytes, str, bytes]]) -> str:
+def notice(
+    writer: str,
+    rows: Sequence[tuple[bytes, str, bytes]],
+    events: Sequence[AdmittedEvent] = (),
+) -> str:
     """What follows ``<last offset> `` in the payload of a write by ``writer`` that
-    appends ``rows`` (entity id, collection, concatenated head ids) to the feed (the
-    offsets are taken in the write's own statement, which puts the payload together)."""
+    appends ``rows`` (entity id, collection, concatenated head ids) to the feed, with
+    those of its ``events`` the heads name when they fit (the offsets are taken in the
+    write's own statement, which puts the payload together)."""
     said = ";".join(f"{c}/{_b64(e)}/{_b64(h)}" for e, c, h in rows)
-    if _OFFSET_DIGITS + len(writer) + len(said) + 2 > NOTICE_BYTES:
+    room = NOTICE_BYTES - _OFFSET_DIGITS - len(writer) - 2
+    if not said or len(said) > room:
         return writer
-    return f"{writer} {said}" if said else writer
+    heads = {h[i : i + ID_LENGTH] for _, _, h in rows for i in range(0, len(h), ID_LENGTH)}
+    named = ";".join(
+        f"{e.generation}/{_b64(e.event.to_bytes())}" for e in events if bytes(e.id) in heads
+    )
+    if named and len(said) + 1 + len(named) <= room:
+        return f"{writer} {said} {named}"
+    return f"{writer} {said}"
 
 
 def parse_notice(payload: str) -> Notice | None:
@@ -67,7 +85,9 @@ def parse_notice(payload: str) -> Notice | None:
     except ValueError:
         return None
     writer, _, said = rest.partition(" ")
-    return Notice(last, writer, _rows(last, said) if said else None)
+    said, _, named = said.partition(" ")
+    rows = _rows(last, said) if said else None
+    return Notice(last, writer, rows, _events(named) if rows and named else ())
 
 
 def _rows(last: int, said: str) -> tuple[FeedEntry, ...] | None:
@@ -85,6 +105,20 @@ def _rows(last: int, said: str) -> tuple[FeedEntry, ...] | None:
             return None
         rows.append(FeedEntry(offset, EntityId._trusted(entity), fields[0], clock(head)))
     return tuple(rows)
+
+
+def _events(named: str) -> tuple[AdmittedEvent, ...]:
+    events = []
+    for part in named.split(";"):
+        generation, _, body = part.partition("/")
+        try:
+            event, gen = Event.from_bytes(_unb64(body), limits=STORED_LIMITS), int(generation)
+        except (DecodeError, binascii.Error, ValueError):
+            return ()
+        if gen < 1:
+            return ()
+        events.append(AdmittedEvent(event, gen))
+    return tuple(events)
 
 
 def _b64(raw: bytes) -> str:

@@ -116,7 +116,7 @@ def write_batch_params(
         Bytea([bases[e] for e in entities]),
         *keys,
         channel,
-        notice(writer, [(r[0], r[1], r[5]) for r in rows]),
+        notice(writer, [(r[0], r[1], r[5]) for r in rows], batch.events),
     ]
 
 
@@ -260,10 +260,12 @@ class WriteTransaction:
         rows: list[StateRow],
         *,
         inserted: Collection[bytes] = (),
+        events: Sequence[AdmittedEvent] = (),
     ) -> psycopg.AsyncCursor[Any] | None:
         """Store ``rows`` (their field keys replaced whole) and append their feed rows;
-        the states of ``inserted`` entities are in place already. The cursor's row (read
-        after the commit, :func:`offsets`) holds the last offset taken."""
+        the states of ``inserted`` entities are in place already; the NOTIFY says those
+        of ``events`` their heads name. The cursor's row (read after the commit,
+        :func:`offsets`) holds the last offset taken."""
         if not rows:
             return None
         latest = {r[0]: r for r in rows}  # an entity written twice in a batch keeps the last
@@ -279,7 +281,7 @@ class WriteTransaction:
             "c": Texts([r[1] for r in rows]),
             "h": Bytea([r[5] for r in rows]),
             "channel": self._channel,
-            "writer": notice(self._writer, [(r[0], r[1], r[5]) for r in rows]),
+            "writer": notice(self._writer, [(r[0], r[1], r[5]) for r in rows], events),
         }
         await self._conn.execute(self._q["feed_lock"])  # queue for the feed clock (see feed_lock)
         return await self._conn.execute(self._q["append_feed"], feed)
