@@ -72,7 +72,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, cast
@@ -153,8 +153,6 @@ _Written = tuple[frozenset[EventId], tuple[int, ...], list[StateRow]]
 (joined ones where another process wrote the entity meanwhile)."""
 _ATTEMPTS: Final = 5
 """Runs of a write transaction that PostgreSQL aborted to break a deadlock."""
-_WRITTEN: Final = 4096
-"""Feed rows of its own writes an engine keeps, to answer ``read_since`` without a query."""
 
 
 class PostgresStorage:
@@ -199,10 +197,6 @@ class PostgresStorage:
             poll_interval=poll_interval,
             remember=self._recent.remember,
         )
-        self._written: OrderedDict[int, FeedEntry] = OrderedDict()
-        """The feed rows this engine wrote lately, by offset (at most :data:`_WRITTEN`):
-        ``read_since`` answers a run of them without a query (a node's follower reads its
-        own commits back so)."""
         self._groups = GroupCommit(self._run_write_batch, self._batch_params)
         self._opening = asyncio.Lock()
         self._closed = False
@@ -413,17 +407,14 @@ class PostgresStorage:
     def _known_since(
         self, offset: int, limit: int, usable: Callable[[FeedEntry], bool]
     ) -> list[FeedEntry]:
-        """The run of rows right after ``offset`` (at most ``limit``) known without a query:
-        this engine's own, and those notifications told of that are ``usable``."""
+        """The run of ``usable`` rows right after ``offset`` (at most ``limit``) known
+        without a query: this engine's own and those notifications told of."""
         known: list[FeedEntry] = []
         heard = self._listener.heard
         while len(known) < limit:
-            at = offset + 1 + len(known)
-            row = self._written.get(at)
-            if row is None:
-                row = heard.get(at)
-                if row is None or not usable(row):
-                    break
+            row = heard.get(offset + 1 + len(known))
+            if row is None or not usable(row):
+                break
             known.append(row)
         return known
 
@@ -644,11 +635,12 @@ class PostgresStorage:
         return WriteTransaction(conn, self._q, channel=self.channel, writer=self._listener.writer)
 
     def _note_written(self, rows: Sequence[StateRow], offsets: Sequence[int]) -> None:
-        for row, offset in zip(rows, offsets, strict=True):
-            entity = EntityId._trusted(row[0])
-            self._written[offset] = FeedEntry(offset, entity, row[1], clock(row[5]))
-        while len(self._written) > _WRITTEN:
-            self._written.popitem(last=False)
+        """Keep this write's feed rows with those heard of: a follower's read of them (its
+        own commits) costs no query."""
+        self._listener.keep(
+            FeedEntry(offset, EntityId._trusted(row[0]), row[1], clock(row[5]))
+            for row, offset in zip(rows, offsets, strict=True)
+        )
 
     # ------------------------------------------------------------------ closing
 

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
 import psycopg
@@ -80,8 +80,9 @@ class FeedListener:
         """The feed clock read once this connection listened: every offset above it is
         notified to it (``None`` while not listening)."""
         self.heard: OrderedDict[int, FeedEntry] = OrderedDict()
-        """The feed rows the latest notifications told of, by offset (at most
-        :data:`HEARD`; :mod:`mycelia.storage.postgres_notice`)."""
+        """The feed rows the latest notifications told of, and those this engine wrote
+        (:meth:`keep`), by offset: at most :data:`HEARD`
+        (:mod:`mycelia.storage.postgres_notice`)."""
         self._clock = clock
         self._remember = remember
         self.writer = secrets.token_hex(8)
@@ -104,6 +105,14 @@ class FeedListener:
         """Offsets up to ``offset`` are committed (this engine's own write): wake waiters."""
         self.notified = max(self.notified, offset)
         self._wake()
+
+    def keep(self, rows: Iterable[FeedEntry]) -> None:
+        """Note committed feed rows (heard of, or written by this engine) in :attr:`heard`."""
+        heard = self.heard
+        for row in rows:
+            heard[row.offset] = row
+        while len(heard) > HEARD:
+            heard.popitem(last=False)
 
     async def wait(self, offset: int, *, timeout: float) -> bool:
         """Wait for a committed offset beyond ``offset``, at most ``timeout`` seconds;
@@ -180,10 +189,7 @@ class FeedListener:
         if said is not None:  # else not an offset: still a hint that something moved
             if said.events:
                 self._remember(said.events)  # before the rows: a reader of them reads these
-            for row in said.rows or ():
-                self.heard[row.offset] = row  # own rows too: a reader may pass them first
-            while len(self.heard) > HEARD:
-                self.heard.popitem(last=False)
+            self.keep(said.rows or ())  # own rows too: a reader may pass them first
             if said.writer == self.writer:
                 return  # this engine's own write: announce() tells of it once it has returned
             self.notified = max(self.notified, said.last)
