@@ -454,7 +454,8 @@ async def test_following_its_own_commits_costs_a_node_no_query(
 ) -> None:
     """The engine answers the follower's read of rows it wrote itself from memory, and its
     wait, while listening, without a query (before: two feed reads and a clock read per
-    commit, on every server, for every commit it made)."""
+    commit, on every server, for every commit it made); and the commits ask storage for
+    nothing before they write (before: a lookup of their own new ids each)."""
     a, b, first, second = await open_pair(pg_schemas)
     try:
         entity = await create(a, "mine")
@@ -470,6 +471,9 @@ async def test_following_its_own_commits_costs_a_node_no_query(
 
         await until(a, caught_up)
         assert [f for f in fetched if f in ("feed", "last")] == [], "it read its own rows back"
+        assert [f for f in fetched if f in ("events", "ahead")] == [], (
+            "a local commit on the head held here looks nothing up before its write"
+        )
         live = await b.context().query(Card, "").__aenter__()  # the other node reads them
 
         async def shows_20() -> bool:

@@ -72,6 +72,9 @@ def test_a_payload_says_the_events_its_rows_heads_name_when_they_fit() -> None:
     assert [(e.id, e.generation, e.to_bytes()) for e in said.events] == [
         (h.c.id, h.c.generation, h.c.to_bytes())
     ]
+    own = parse_notice(f"9 {notice('w1', rows, [h.a, h.c])}", own="w1")
+    assert own is not None
+    assert (own.rows, own.events) == (said.rows, ()), "its own write's events: not decoded"
     one_row = len(notice("w1", rows)) - len("w1 ") + 1  # with its separator
     room = NOTICE_BYTES - 20 - len("w1 ") - 1
     full = [(os.urandom(32), "items", bytes(h.c.id)) for _ in range(room // one_row)]

@@ -454,15 +454,20 @@ class Applier:
         return result
 
     async def _surely_new(self, entity: Entity, base: ForkBase) -> bool:
-        """Whether no event made on ``base`` can be stored yet, without asking storage.
+        """Whether an event made on ``base`` needs no lookup in storage before it is written.
 
-        So where this applier is the store's only writer, on a durable node, every tip of
-        the entity's head is stored, and the head is still the fork's: every stored event
+        On a durable node, once every tip of the entity's head is stored and the head is
+        still the fork's: where this applier is the store's only writer, every stored event
         of the entity is then the head or an ancestor of it (§4, admission keeps history
         closed and every event stored here was placed on the head), and an event made on
-        the head is a child of it.
+        the head is a child of it, so none is stored. Where other processes write the store
+        (PostgreSQL), one of them may have stored this very event only by making the same
+        edit on the same head; the write is then the no-op the lookup would have made it:
+        the engine inserts an event once and joins the state with the stored one
+        (:mod:`mycelia.storage.join`), as for a remote commit (:meth:`_on_head`). So a
+        local commit there costs no round trip before its write.
         """
-        if not (self._sole_writer and self._durable and entity.exists):
+        if not (self._durable and entity.exists):
             return False
         return entity.head_map == base.head and await self._history_closed(entity)
 

@@ -185,7 +185,7 @@ class FeedListener:
             backoff = min(backoff * 2, MAX_BACKOFF)
 
     def _heard(self, payload: str) -> None:
-        said = parse_notice(payload)
+        said = parse_notice(payload, own=self.writer)
         if said is not None:  # else not an offset: still a hint that something moved
             if said.events:
                 self._remember(said.events)  # before the rows: a reader of them reads these

@@ -77,8 +77,10 @@ def notice(
     return f"{writer} {said}"
 
 
-def parse_notice(payload: str) -> Notice | None:
-    """``payload`` as a :class:`Notice` (``None``: not even an offset)."""
+def parse_notice(payload: str, *, own: str | None = None) -> Notice | None:
+    """``payload`` as a :class:`Notice` (``None``: not even an offset). The events of a
+    write by ``own`` are not decoded (a listener's own writes: its engine holds them, and
+    decoding them is most of a notice's cost)."""
     head, _, rest = payload.partition(" ")
     try:
         last = int(head)
@@ -87,7 +89,8 @@ def parse_notice(payload: str) -> Notice | None:
     writer, _, said = rest.partition(" ")
     said, _, named = said.partition(" ")
     rows = _rows(last, said) if said else None
-    return Notice(last, writer, rows, _events(named) if rows and named else ())
+    events = _events(named) if rows and named and writer != own else ()
+    return Notice(last, writer, rows, events)
 
 
 def _rows(last: int, said: str) -> tuple[FeedEntry, ...] | None:
