@@ -84,7 +84,11 @@ PAGE_TYPES: Final = tuple(PAGES.values())
 _RESERVED: Final[ContextVar[list[int] | None]] = ContextVar("mycelia_reserved", default=None)
 """In an answering task: the room reserved for its answer's first frame (see _answer)."""
 
-UpdateHandler = Callable[[SubscriptionUpdate | SubscriptionEnded], Coroutine[object, object, None]]
+UpdateHandler = Callable[
+    [SubscriptionUpdate | SubscriptionEnded], Coroutine[object, object, None] | None
+]
+"""Takes a pushed update as it is read; returns the work to run on a task of the connection
+(``None``: work already running takes it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,7 +432,9 @@ class PeerConnection:
         if isinstance(msg, SubscriptionUpdate | SubscriptionEnded):
             if self._on_update is None:
                 raise RemoteProtocolError("this node holds no subscription with the peer")
-            self.spawn(self._on_update(msg))
+            work = self._on_update(msg)
+            if work is not None:
+                self.spawn(work)
             return
         if isinstance(msg, REQUESTS):
             self._request(msg, size)

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Sequence
 from typing import Final, Protocol, TypeVar, runtime_checkable
 
 from mycelia.entity import Applier, Entity, EntityChange, IngestResult
@@ -216,6 +216,11 @@ class Upstream:
         self._has_system = has_system
         self._commits = commits
         self._following: dict[int, Standing] = {}
+        self._inbox: list[SubscriptionUpdate | SubscriptionEnded] = []
+        """Pushed updates read and not applied yet, in order (see :meth:`on_update`)."""
+        self._applying = False
+        self._sessions = 0
+        """Sessions prepared so far: the work applying updates belongs to one of them."""
         self._serving: dict[asyncio.Task[None], None] = {}
 
     # -- sessions ----------------------------------------------------------------------
@@ -225,6 +230,11 @@ class Upstream:
 
         Raises what a step raised; the connection then drops the session and redials.
         """
+        # Updates of an ended session are not applied (its work may have been cancelled
+        # before it ran): the subscriptions below bring what they said.
+        self._sessions += 1
+        self._inbox.clear()
+        self._applying = False
         if not self._has_system():
             response = await session.request(SystemRequest, expect=EventsResponse)
             await self._join_system(response.events)
@@ -241,27 +251,58 @@ class Upstream:
         if self._serving:
             await asyncio.gather(*self._serving, return_exceptions=True)
 
-    async def on_update(self, update: SubscriptionUpdate | SubscriptionEnded) -> None:
-        """Apply an update the durable peer pushed for one of our subscriptions (or take
-        note that it ended one, see the module docstring).
+    def on_update(
+        self, update: SubscriptionUpdate | SubscriptionEnded
+    ) -> Coroutine[object, object, None] | None:
+        """Take an update the durable peer pushed for one of our subscriptions (or its end
+        of one, see the module docstring), as the connection reads it; returns the work
+        that applies it, for a task of the connection (``None``: the work running takes it).
 
-        If it cannot be applied, carrying on would leave the peer believing this node holds
-        what it does not, and nothing would ever correct it. Events whose parents the peer
-        did not send in time (:class:`~mycelia.errors.EventNotFound`: it is overloaded,
-        say) re-subscribe their query with the heads really held here, and the answer
-        brings what they lack; anything else (a storage write failed, say) closes the
-        session, and the next one re-subscribes every query.
+        Updates read while earlier ones are being applied wait in order, and the next step
+        applies every waiting one together (:func:`_next_step`): one ingest, one storage
+        write per entity, one change set per live query. So a subscriber that falls behind
+        catches up in fewer, larger steps; one that keeps up applies each update alone, as
+        it comes.
+
+        If an update cannot be applied, carrying on would leave the peer believing this
+        node holds what it does not, and nothing would ever correct it. Events whose
+        parents the peer did not send in time (:class:`~mycelia.errors.EventNotFound`: it
+        is overloaded, say) re-subscribe their queries with the heads really held here, and
+        the answer brings what they lack; anything else (a storage write failed, say)
+        closes the session, and the next one re-subscribes every query.
         """
-        if isinstance(update, SubscriptionEnded):
-            self._ended(update)
-            return
+        self._inbox.append(update)
+        if self._applying:
+            return None
+        self._applying = True
+        return self._apply_inbox(self._sessions)
+
+    async def _apply_inbox(self, session: int) -> None:
         try:
-            await self.apply_deltas(update.deltas)
+            while self._inbox:
+                await self._apply_step(_next_step(self._inbox))
+        finally:
+            if session == self._sessions:  # (else a new session started afresh meanwhile)
+                self._applying = False
+                # Cancelled with updates waiting (the session is closing): the next session
+                # subscribes again with the heads held here, which brings what they said.
+                self._inbox.clear()
+
+    async def _apply_step(self, step: list[SubscriptionUpdate | SubscriptionEnded]) -> None:
+        first = step[0]
+        if isinstance(first, SubscriptionEnded):
+            self._ended(first)
+            return
+        updates = [u for u in step if isinstance(u, SubscriptionUpdate)]
+        try:
+            await self.apply_deltas(d for u in updates for d in u.deltas)
         except EventNotFound as exc:
-            live, session = self._following.get(update.query_id), self._link.session
-            log.info("resubscribing query %s: %s", update.query_id, exc)
-            if live is not None and session is not None:
-                await self._subscribe(session, live, afresh={d.entity_id for d in update.deltas})
+            session = self._link.session
+            for query_id, entities in _entities_by_query(updates).items():
+                live = self._following.get(query_id)
+                log.info("resubscribing query %s: %s", query_id, exc)
+                if live is not None and session is not None:
+                    await self._subscribe(session, live, afresh=entities)
         except MyceliaError as exc:
             log.warning("could not apply an update from the durable peer (%s): reconnecting", exc)
             session = self._link.session
@@ -446,6 +487,33 @@ class Upstream:
                 event_id=held[0],
             )
         return changes
+
+
+def _next_step(
+    inbox: list[SubscriptionUpdate | SubscriptionEnded],
+) -> list[SubscriptionUpdate | SubscriptionEnded]:
+    """Take the next step off ``inbox``: the end of a subscription alone; an update that
+    carries a state alone (its base is a head this node holds after the updates before
+    it); else the run of updates that carry events only, applied together (in order:
+    parents before children)."""
+    count = 1
+    if _events_only(inbox[0]):
+        while count < len(inbox) and _events_only(inbox[count]):
+            count += 1
+    step = inbox[:count]
+    del inbox[:count]
+    return step
+
+
+def _events_only(update: SubscriptionUpdate | SubscriptionEnded) -> bool:
+    return isinstance(update, SubscriptionUpdate) and all(d.state is None for d in update.deltas)
+
+
+def _entities_by_query(updates: Iterable[SubscriptionUpdate]) -> dict[int, set[EntityId]]:
+    by_query: dict[int, set[EntityId]] = {}
+    for update in updates:
+        by_query.setdefault(update.query_id, set()).update(d.entity_id for d in update.deltas)
+    return by_query
 
 
 def _ask_events(ids: tuple[EventId, ...]) -> MakeRequest:

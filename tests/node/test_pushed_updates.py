@@ -1,0 +1,108 @@
+"""Pushed updates a subscriber reads while it is applying earlier ones wait, in order, and
+are then applied together (mycelia.node.upstream): one ingest, one change set."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from mycelia import EntityId, Model, Node
+from mycelia.node import upstream
+from mycelia.node.inprocess import InProcessServer
+from mycelia.proto.peering import Delta, SubscriptionEnded, SubscriptionUpdate
+from mycelia.storage import MemoryStorage
+from tests.node.waiting import until
+
+
+class Item(Model, collection="items"):
+    n: int = 0
+
+
+async def _set(node: Node, entity: EntityId, n: int) -> None:
+    async with node.context().transaction() as trx:
+        (await trx.edit(Item, entity)).n = n
+
+
+async def test_updates_read_while_one_is_applied_are_applied_together_in_order() -> None:
+    server_node = await Node.open(MemoryStorage(), durable=True)
+    await server_node.create_system()
+    async with server_node.context().transaction() as trx:
+        entity = trx.create(Item).id
+    server = InProcessServer(server_node)
+    client = await Node.open(MemoryStorage(), durable=False)
+    server.connect(client)
+    await client.wait_ready(timeout=10)
+    up = client._upstream
+    applied: list[int] = []  # events per apply_deltas call
+    entered, release, read_all = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    apply_deltas = up.apply_deltas
+
+    async def held(deltas: Iterable[Delta]) -> Any:
+        deltas = list(deltas)
+        applied.append(sum(len(d.events) for d in deltas))
+        if len(applied) == 1:
+            entered.set()
+            await release.wait()  # the first update is slow to apply
+        return await apply_deltas(deltas)
+
+    class Inbox(list[SubscriptionUpdate | SubscriptionEnded]):
+        def append(self, update: SubscriptionUpdate | SubscriptionEnded) -> None:
+            super().append(update)
+            if len(self) == 4:
+                read_all.set()
+
+    try:
+        async with client.context().query(Item, "") as live:
+            assert [v.n for v in live.items] == [0]
+            up.apply_deltas = held  # type: ignore[method-assign]
+            up._inbox = Inbox()
+            await _set(server_node, entity, 1)
+            await asyncio.wait_for(entered.wait(), 10)
+            for n in range(2, 6):
+                await _set(server_node, entity, n)
+            await asyncio.wait_for(read_all.wait(), 10)  # 2..5 read, waiting behind 1
+            release.set()
+
+            async def shows_5() -> bool:
+                return [v.n for v in live.items] == [5]
+
+            await until(client, shows_5)
+            assert applied == [1, 4], "the first alone, then the four read meanwhile at once"
+            view = await client.context().get(Item, entity)
+            assert view.n == 5
+            assert len(view.head) == 1
+    finally:
+        await client.close()
+        await server.close()
+        await server_node.close()
+
+
+async def test_a_step_is_a_run_of_event_updates_and_an_update_with_a_state_stands_alone() -> None:
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    async with node.context().transaction() as trx:
+        entity = trx.create(Item).id
+    state = await node.storage.get_state(entity)
+    assert state is not None
+    (genesis,) = [e.event for e in await node.storage.events_of(entity)]
+    await node.close()
+
+    def events(query: int) -> SubscriptionUpdate:
+        return SubscriptionUpdate(query, (Delta(entity, "items", True, None, (genesis,)),))
+
+    with_state = SubscriptionUpdate(1, (Delta(entity, "items", True, state, ()),))
+    ended = SubscriptionEnded(2, 1, "over")
+    inbox: list[SubscriptionUpdate | SubscriptionEnded] = [
+        events(1), events(2), with_state, events(1), ended, events(2)
+    ]  # fmt: skip
+    steps = []
+    while inbox:
+        steps.append(upstream._next_step(inbox))
+    assert steps == [
+        [events(1), events(2)],  # events of several queries: together
+        [with_state],  # a state: alone, after the updates before it
+        [events(1)],
+        [ended],  # an end: alone, in its place
+        [events(2)],
+    ]
