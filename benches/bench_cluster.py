@@ -659,12 +659,18 @@ async def run(args: argparse.Namespace, dsn: str, tmp: Path) -> list[Table]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--only", default="latency,w3,scaling", type=lambda s: s.split(","))
+    parser.add_argument(
+        "--only", default="latency,w3,scaling", type=lambda s: s.split(","),
+        help="comma-separated cases to run, of latency (commit -> live change, same server "
+        "and across), w3 (200 clients over 1-3 servers) and scaling (64 committers through "
+        "1 vs 3 servers); default: all three",
+    )  # fmt: skip
     parser.add_argument("--runs", type=int, default=3, help="runs of latency and scaling")
     parser.add_argument("--w3-runs", type=int, default=1, help="runs of W3 per server count")
     parser.add_argument(
-        "--w3-servers", default=[1, 2, 3], type=lambda s: [int(n) for n in s.split(",")]
-    )
+        "--w3-servers", default=[1, 2, 3], type=lambda s: [int(n) for n in s.split(",")],
+        help="comma-separated server counts W3 spreads its clients over (default 1,2,3)",
+    )  # fmt: skip
     parser.add_argument(
         "--w3-deadline", type=float, default=900.0, help="seconds a W3 run may take to converge"
     )
