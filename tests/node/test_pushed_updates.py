@@ -11,6 +11,7 @@ from mycelia import EntityId, Model, Node
 from mycelia.node import upstream
 from mycelia.node.inprocess import InProcessServer
 from mycelia.proto.peering import Delta, SubscriptionEnded, SubscriptionUpdate
+from mycelia.retrieval import WriteBatch
 from mycelia.storage import MemoryStorage
 from tests.node.waiting import until
 
@@ -106,3 +107,27 @@ async def test_a_step_is_a_run_of_event_updates_and_an_update_with_a_state_stand
         [ended],  # an end: alone, in its place
         [events(2)],
     ]
+
+
+async def test_a_refused_step_asks_again_only_for_the_entities_it_could_not_place() -> None:
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    async with node.context().transaction() as trx:
+        placed, other = trx.create(Item).id, trx.create(Item).id
+    await _set(node, other, 1)
+    up = node._upstream
+    (held,) = [e.event for e in await node.storage.events_of(placed)]
+    edit = (await node.storage.events_of(other))[-1].event
+    await node.storage.write(WriteBatch((), (), (), (other,), {}))  # ``other``: not stored now
+
+    def update(query: int, entity: EntityId, event: Any) -> SubscriptionUpdate:
+        return SubscriptionUpdate(query, (Delta(entity, "items", True, None, (event,)),))
+
+    try:
+        step = [update(1, placed, held), update(1, other, edit), update(2, placed, held)]
+        assert await up._unplaced(step) == {1: {other}}, "only what is not stored"
+        assert await up._unplaced([update(2, placed, held)]) == {2: {placed}}, (
+            "a refusal whose events are all stored still asks for its entities"
+        )
+    finally:
+        await node.close()

@@ -298,7 +298,7 @@ class Upstream:
             await self.apply_deltas(d for u in updates for d in u.deltas)
         except EventNotFound as exc:
             session = self._link.session
-            for query_id, entities in _entities_by_query(updates).items():
+            for query_id, entities in (await self._unplaced(updates)).items():
                 live = self._following.get(query_id)
                 log.info("resubscribing query %s: %s", query_id, exc)
                 if live is not None and session is not None:
@@ -308,6 +308,21 @@ class Upstream:
             session = self._link.session
             if session is not None:
                 await session.close()
+
+    async def _unplaced(self, updates: Sequence[SubscriptionUpdate]) -> dict[int, set[EntityId]]:
+        """Per query, the entities of a refused step to ask for whole: those it sent a state
+        of, or events not stored here now (not every entity of the step); all of them if
+        that finds none, so that no refusal goes unanswered."""
+        sent = {e.id for u in updates for d in u.deltas for e in d.events}
+        stored = await self._storage.get_events(sent) if sent else {}
+        unplaced: dict[int, set[EntityId]] = {}
+        every: dict[int, set[EntityId]] = {}
+        for update in updates:
+            for delta in update.deltas:
+                every.setdefault(update.query_id, set()).add(delta.entity_id)
+                if delta.state is not None or any(e.id not in stored for e in delta.events):
+                    unplaced.setdefault(update.query_id, set()).add(delta.entity_id)
+        return unplaced or every
 
     def _ended(self, ended: SubscriptionEnded) -> None:
         live: object = self._following.pop(ended.query_id, None)
@@ -507,13 +522,6 @@ def _next_step(
 
 def _events_only(update: SubscriptionUpdate | SubscriptionEnded) -> bool:
     return isinstance(update, SubscriptionUpdate) and all(d.state is None for d in update.deltas)
-
-
-def _entities_by_query(updates: Iterable[SubscriptionUpdate]) -> dict[int, set[EntityId]]:
-    by_query: dict[int, set[EntityId]] = {}
-    for update in updates:
-        by_query.setdefault(update.query_id, set()).update(d.entity_id for d in update.deltas)
-    return by_query
 
 
 def _ask_events(ids: tuple[EventId, ...]) -> MakeRequest:
