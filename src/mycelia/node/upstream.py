@@ -279,7 +279,7 @@ class Upstream:
 
     async def _apply_inbox(self, session: int) -> None:
         try:
-            while self._inbox:
+            while self._inbox and session == self._sessions:  # (a new session's are its own)
                 await self._apply_step(_next_step(self._inbox))
         finally:
             if session == self._sessions:  # (else a new session started afresh meanwhile)
