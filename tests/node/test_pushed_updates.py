@@ -4,7 +4,8 @@ are then applied together (mycelia.node.upstream): one ingest, one change set.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from mycelia import EntityId, Model, Node
@@ -25,7 +26,9 @@ async def _set(node: Node, entity: EntityId, n: int) -> None:
         (await trx.edit(Item, entity)).n = n
 
 
-async def test_updates_read_while_one_is_applied_are_applied_together_in_order() -> None:
+@contextlib.asynccontextmanager
+async def _served() -> AsyncIterator[tuple[Node, Node, EntityId]]:
+    """A durable node holding one item, and a client connected to it in process."""
     server_node = await Node.open(MemoryStorage(), durable=True)
     await server_node.create_system()
     async with server_node.context().transaction() as trx:
@@ -33,7 +36,21 @@ async def test_updates_read_while_one_is_applied_are_applied_together_in_order()
     server = InProcessServer(server_node)
     client = await Node.open(MemoryStorage(), durable=False)
     server.connect(client)
-    await client.wait_ready(timeout=10)
+    try:
+        await client.wait_ready(timeout=10)
+        yield server_node, client, entity
+    finally:
+        await client.close()
+        await server.close()
+        await server_node.close()
+
+
+async def test_updates_read_while_one_is_applied_are_applied_together_in_order() -> None:
+    async with _served() as (server_node, client, entity):
+        await _applied_together(server_node, client, entity)
+
+
+async def _applied_together(server_node: Node, client: Node, entity: EntityId) -> None:
     up = client._upstream
     applied: list[int] = []  # events per apply_deltas call
     entered, release, read_all = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -53,30 +70,52 @@ async def test_updates_read_while_one_is_applied_are_applied_together_in_order()
             if len(self) == 4:
                 read_all.set()
 
-    try:
-        async with client.context().query(Item, "") as live:
-            assert [v.n for v in live.items] == [0]
-            up.apply_deltas = held  # type: ignore[method-assign]
-            up._inbox = Inbox()
-            await _set(server_node, entity, 1)
-            await asyncio.wait_for(entered.wait(), 10)
-            for n in range(2, 6):
-                await _set(server_node, entity, n)
-            await asyncio.wait_for(read_all.wait(), 10)  # 2..5 read, waiting behind 1
-            release.set()
+    async with client.context().query(Item, "") as live:
+        assert [v.n for v in live.items] == [0]
+        up.apply_deltas = held  # type: ignore[method-assign]
+        up._inbox = Inbox()
+        await _set(server_node, entity, 1)
+        await asyncio.wait_for(entered.wait(), 10)
+        for n in range(2, 6):
+            await _set(server_node, entity, n)
+        await asyncio.wait_for(read_all.wait(), 10)  # 2..5 read, waiting behind 1
+        release.set()
 
-            async def shows_5() -> bool:
-                return [v.n for v in live.items] == [5]
+        async def shows_5() -> bool:
+            return [v.n for v in live.items] == [5]
 
-            await until(client, shows_5)
-            assert applied == [1, 4], "the first alone, then the four read meanwhile at once"
-            view = await client.context().get(Item, entity)
-            assert view.n == 5
-            assert len(view.head) == 1
-    finally:
-        await client.close()
-        await server.close()
-        await server_node.close()
+        await until(client, shows_5)
+        assert applied == [1, 4], "the first alone, then the four read meanwhile at once"
+        view = await client.context().get(Item, entity)
+        assert view.n == 5
+        assert len(view.head) == 1
+
+
+async def test_every_update_of_a_session_is_applied_by_one_worker_task() -> None:
+    async with _served() as (server_node, client, entity):
+        await _one_worker(server_node, client, entity)
+
+
+async def _one_worker(server_node: Node, client: Node, entity: EntityId) -> None:
+    up = client._upstream
+    workers: list[asyncio.Task[Any] | None] = []
+    apply_deltas = up.apply_deltas
+
+    async def noted(deltas: Iterable[Delta]) -> Any:
+        workers.append(asyncio.current_task())
+        return await apply_deltas(deltas)
+
+    async with client.context().query(Item, "") as live:
+        up.apply_deltas = noted  # type: ignore[method-assign]
+        for n in range(1, 6):  # each applied before the next is pushed: no batching
+            await _set(server_node, entity, n)
+
+            async def shows(n: int = n) -> bool:
+                return [v.n for v in live.items] == [n]
+
+            await until(client, shows)
+        assert len(workers) == 5
+        assert len(set(workers)) == 1, "a task per update costs a subscriber CPU per event"
 
 
 async def test_a_step_is_a_run_of_event_updates_and_an_update_with_a_state_stands_alone() -> None:

@@ -358,6 +358,8 @@ class Responder:
     def on_change(self, changes: list[EntityChange]) -> None:
         """Queue ``changes`` for every subscribed peer (a change listener of the node),
         noting which of them are that peer's own commit (its feed consumes the note)."""
+        if not (self._answering or self._queues):
+            return  # nobody subscribes here (a client, mostly): nothing to size or queue
         size = changes_size(changes)
         for missed in self._answering:
             missed.add(changes, size)

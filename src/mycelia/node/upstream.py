@@ -218,6 +218,8 @@ class Upstream:
         self._following: dict[int, Standing] = {}
         self._inbox: list[SubscriptionUpdate | SubscriptionEnded] = []
         """Pushed updates read and not applied yet, in order (see :meth:`on_update`)."""
+        self._more = asyncio.Event()
+        """Set when an update joins the inbox (the session's worker waits on it)."""
         self._applying = False
         self._sessions = 0
         """Sessions prepared so far: the work applying updates belongs to one of them."""
@@ -255,8 +257,9 @@ class Upstream:
         self, update: SubscriptionUpdate | SubscriptionEnded
     ) -> Coroutine[object, object, None] | None:
         """Take an update the durable peer pushed for one of our subscriptions (or its end
-        of one, see the module docstring), as the connection reads it; returns the work
-        that applies it, for a task of the connection (``None``: the work running takes it).
+        of one, see the module docstring), as the connection reads it. The session's first
+        update returns the work that applies updates for the rest of the session, for a
+        task of the connection; later ones return ``None`` (that work takes them).
 
         Updates read while earlier ones are being applied wait in order, and the next step
         applies every waiting one together (:func:`_next_step`): one ingest, one storage
@@ -272,14 +275,22 @@ class Upstream:
         closes the session, and the next one re-subscribes every query.
         """
         self._inbox.append(update)
+        self._more.set()
         if self._applying:
             return None
         self._applying = True
         return self._apply_inbox(self._sessions)
 
     async def _apply_inbox(self, session: int) -> None:
+        """The session's one worker: applies what waits in the inbox, a step at a time, then
+        waits for more. It lives as long as the connection (whose closing cancels it):
+        waking a waiting task costs a fraction of starting one per update."""
         try:
-            while self._inbox and session == self._sessions:  # (a new session's are its own)
+            while session == self._sessions:  # (a new session's updates are its own)
+                if not self._inbox:
+                    self._more.clear()
+                    await self._more.wait()
+                    continue
                 await self._apply_step(_next_step(self._inbox))
         finally:
             if session == self._sessions:  # (else a new session started afresh meanwhile)
