@@ -119,9 +119,11 @@ def _interned(table: dict[bytes, _I], kind: type[_I], raw: bytes) -> _I:
 
 def shared_event_id(raw: bytes) -> EventId:
     """The shared :class:`EventId` object for ``raw`` (see :func:`_interned`)."""
-    return _interned(_EVENT_IDS, EventId, raw)
+    known = _EVENT_IDS.get(raw)  # a recent id (a W3 event names ~9 parents): one call
+    return known if known is not None else _interned(_EVENT_IDS, EventId, raw)
 
 
 def shared_entity_id(raw: bytes) -> EntityId:
     """The shared :class:`EntityId` object for ``raw`` (see :func:`_interned`)."""
-    return _interned(_ENTITY_IDS, EntityId, raw)
+    known = _ENTITY_IDS.get(raw)
+    return known if known is not None else _interned(_ENTITY_IDS, EntityId, raw)
