@@ -1,22 +1,34 @@
-"""Run every benchmark: ``python -m benches`` (or one: ``python -m benches proto``)."""
+"""Run every benchmark: ``python -m benches`` (or some: ``python -m benches proto entity``)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import pkgutil
-import sys
 
 import benches
 
 
 def main() -> None:
-    wanted = set(sys.argv[1:])
-    for info in sorted(pkgutil.iter_modules(benches.__path__), key=lambda m: m.name):
-        if not info.name.startswith("bench_"):
-            continue
-        if wanted and info.name.removeprefix("bench_") not in wanted:
-            continue
-        importlib.import_module(f"benches.{info.name}").main()
+    names = sorted(
+        info.name.removeprefix("bench_")
+        for info in pkgutil.iter_modules(benches.__path__)
+        if info.name.startswith("bench_")
+    )
+    parser = argparse.ArgumentParser(
+        description="Run the benchmarks, each with its default sizes (python -m "
+        "benches.bench_NAME --help shows one's own options)."
+    )
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME",
+        help=f"benchmarks to run (default: all), of {', '.join(names)}",
+    )  # fmt: skip
+    wanted = parser.parse_args().names
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        parser.error(f"no benchmark called {', '.join(unknown)}: choose from {', '.join(names)}")
+    for name in wanted or names:
+        importlib.import_module(f"benches.bench_{name}").main([])
 
 
 if __name__ == "__main__":

@@ -19,15 +19,15 @@ import gzip
 import json
 import random
 import statistics
-import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pycrdt import Doc
 from pycrdt import Text as YText
 
-from benches.harness import Table, fmt_time, verdict
+from benches.harness import QUICK, Table, fmt_time, options, verdict
 from mycelia import Model, Node, Text
 from mycelia.entity.backends.lww import encode_diff
 from mycelia.entity.values import encode_value
@@ -376,8 +376,8 @@ async def run(quick: bool) -> None:
     ).print()
 
 
-def main() -> None:
-    asyncio.run(run("--quick" in sys.argv))
+def main(argv: Sequence[str] | None = None) -> None:
+    asyncio.run(run(options(__doc__, argv, QUICK).quick))
 
 
 if __name__ == "__main__":

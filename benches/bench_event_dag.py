@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
-from benches.harness import Table, fmt_time, per_call, verdict
+from benches.harness import Table, fmt_time, options, per_call, verdict
 from mycelia.event_dag import compare, topological_sort
 from mycelia.proto import AdmittedEvent, Clock, EventId
 from mycelia.retrieval.readahead import events_with_ancestors
@@ -127,7 +127,8 @@ def toposort_row() -> list[str]:
     return ["toposort shuffled 1024", fmt_time(t), fmt_time(t / 1024), "≤ 1 ms", verdict(t <= 1e-3)]
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    options(__doc__, argv)  # --help
     rows = linear_rows() + diamond_rows() + merge_rows() + [toposort_row()]
     Table(
         "event_dag: compare (async driver over an in-memory source) and toposort",

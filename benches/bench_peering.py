@@ -20,11 +20,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import mycelia
-from benches.harness import Table, fmt_time, verdict
+from benches.harness import QUICK, Table, fmt_time, options, verdict
 from mycelia import EntityId, Model, Node, Text
 from mycelia.storage import MemoryStorage
 
@@ -320,8 +320,14 @@ async def _run(memory: bool, quick: bool, data: str) -> None:
     ).print()
 
 
-def main() -> None:
-    asyncio.run(run("--memory" in sys.argv, "--quick" in sys.argv))
+def main(argv: Sequence[str] | None = None) -> None:
+    args = options(
+        __doc__,
+        argv,
+        ("--memory", "an in-process server on MemoryStorage, not a mycelia serve process"),
+        QUICK,
+    )
+    asyncio.run(run(args.memory, args.quick))
 
 
 if __name__ == "__main__":

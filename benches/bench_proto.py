@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Sequence
 
 import msgpack
 
-from benches.harness import Table, fmt_time, interleaved, verdict
+from benches.harness import Table, fmt_time, interleaved, options, verdict
 from mycelia.proto.clock import Clock
 from mycelia.proto.event import Event
 from mycelia.proto.ids import EntityId, EventId
@@ -36,7 +37,8 @@ def typical_event(rng: random.Random) -> Event:
     )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    options(__doc__, argv)  # --help
     rng = random.Random(2)
     event = typical_event(rng)
     blob = event.to_bytes()

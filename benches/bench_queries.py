@@ -20,10 +20,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import mycelia
-from benches.harness import Table, fmt_time, verdict
+from benches.harness import Table, fmt_time, options, verdict
 from mycelia import Model, Node
 from mycelia.node.live import LiveQuery
 from mycelia.storage import MemoryStorage, StorageEngine
@@ -236,7 +236,8 @@ async def run() -> None:
     Table("queries and live queries", ["case", "measured", "target", "ok"], rows).print()
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    options(__doc__, argv)  # --help
     asyncio.run(run())
 
 

@@ -21,12 +21,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import lmdb
 
-from benches.harness import Table, fmt_time, verdict
+from benches.harness import QUICK, Table, fmt_time, options, verdict
 from mycelia import Model, Node
 from mycelia.entity.backends.lww import encode_diff
 from mycelia.entity.values import encode_value
@@ -37,7 +37,7 @@ from mycelia.storage import MemoryStorage, StorageEngine
 from mycelia.storage.lmdb import LmdbStorage
 from mycelia.storage.testing import genesis, state_of
 
-QUICK = "--quick" in sys.argv
+SMALL = "--quick" in sys.argv  # read at import: the sizes below are module constants
 
 
 class Counter(Model, collection="counters"):
@@ -292,10 +292,10 @@ async def lmdb_ingest_rows(root: Path, total: int) -> list[list[str]]:
 
 
 async def lmdb_commit_rows(root: Path) -> list[list[str]]:
-    each = 20 if QUICK else 100
+    each = 20 if SMALL else 100
     commits, p99 = await concurrent_commits(LmdbStorage(root / "concurrent"), 64, each)
     in_memory, _ = await concurrent_commits(MemoryStorage(), 64, each)
-    count = 300 if QUICK else 2000
+    count = 300 if SMALL else 2000
     raw_commit = raw_lmdb_commit(root, count)
     engine = await engine_sequential(root / "engine-sequential", count)
     ours = await sequential_commits(root / "sequential", count)
@@ -322,7 +322,7 @@ async def lmdb_commit_rows(root: Path) -> list[list[str]]:
 
 
 async def lmdb_reopen_rows(root: Path) -> list[list[str]]:
-    size = 100_000 if QUICK else 1_000_000
+    size = 100_000 if SMALL else 1_000_000
     reopen = await reopen_time(root / "reopen", size)
     return [
         [
@@ -390,7 +390,7 @@ async def lmdb_fetch_rows(root: Path, total: int) -> list[list[str]]:
 
 
 async def run() -> None:
-    total = 20_000 if QUICK else 100_000
+    total = 20_000 if SMALL else 100_000
     with tempfile.TemporaryDirectory(prefix="mycelia-bench-") as tmp:
         root = Path(tmp)
         rows = await lmdb_ingest_rows(root, total)
@@ -401,7 +401,8 @@ async def run() -> None:
     Table("storage: LMDB and PostgreSQL", ["case", "measured", "target", "ok"], rows).print()
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    options(__doc__, argv, QUICK)  # (--help; --quick is read at import, as SMALL)
     asyncio.run(run())
 
 

@@ -15,10 +15,10 @@ import cProfile
 import os
 import pstats
 import statistics
-import sys
 import time
+from collections.abc import Sequence
 
-from benches.harness import Table, fmt_time
+from benches.harness import QUICK, Table, fmt_time, options
 from mycelia.testing import Faults, SimConfig, plan_for, run_seeds, run_virtual, simulate
 
 CONFIG = SimConfig(durable=3, ephemeral=2, operations=200, faults=Faults.all())
@@ -122,8 +122,8 @@ def thousand_seeds(seeds: int) -> Table:
     )
 
 
-def main() -> None:
-    quick = "--quick" in sys.argv
+def main(argv: Sequence[str] | None = None) -> None:
+    quick = options(__doc__, argv, QUICK).quick
     per_seed(10 if quick else 30).print()
     thousand_seeds(100 if quick else 1_000).print()
 

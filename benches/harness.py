@@ -6,6 +6,7 @@ stated as ratios to primitives measured in the same run (ARCHITECTURE.md §13).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import statistics
@@ -13,6 +14,22 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
+
+QUICK: Final = ("--quick", "small sizes: a smoke test of the benchmark, not its figures")
+"""The ``--quick`` flag most benchmarks take."""
+
+
+def options(
+    doc: str | None, argv: Sequence[str] | None, *flags: tuple[str, str]
+) -> argparse.Namespace:
+    """A benchmark's command line: ``--help`` shows the first paragraph of its docstring
+    (``doc``) and every one of its ``flags`` (name, help: each a switch), parsed from
+    ``argv`` (the process's arguments when ``None``)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
+    for name, text in flags:
+        parser.add_argument(name, action="store_true", help=text)
+    return parser.parse_args(list(argv) if argv is not None else sys.argv[1:])
 
 
 def per_call(fn: Callable[[], object], *, number: int, rounds: int = 7) -> float:
