@@ -21,6 +21,11 @@ written (:class:`LocalCommits`). An ephemeral node's commit (:class:`CommitPipel
    :meth:`CommitPipeline.rejections` streams a :class:`Rejection` for each.
 4. **A session that ends** leaves owed commits owed; the next one pushes them again (the
    peer deduplicates events by id), and a revert cut short by it happens then.
+5. **A slow answer is not a lost one.** The confirmer gives up on a session only when a
+   commit's answer is late and nothing at all came from the peer for the request timeout
+   (or after :data:`BUSY_ROUNDS` timeouts of a peer that keeps sending): a loaded server
+   answers late, and leaving it would push the commit again and subscribe again, adding
+   to its load.
 """
 
 from __future__ import annotations
@@ -95,6 +100,11 @@ def _refusal(exc: RemoteError) -> MyceliaError | None:
         return error_class(exc.code)(f"the durable peer refused: {exc}")
     except TypeError:
         return exc
+
+
+BUSY_ROUNDS: Final = 10
+"""Request timeouts a commit's answer may take while the peer keeps sending frames (alive
+and busy), before the session is given up as stuck on it."""
 
 
 class _Later:
@@ -301,7 +311,7 @@ class CommitPipeline:
         while True:
             pending, future = await flight.oldest()
             try:
-                verdict = await self._answer(future)
+                verdict = await self._answer(session, future)
                 flight.pop()
                 if verdict is None:
                     self._confirmed(pending)
@@ -316,22 +326,33 @@ class CommitPipeline:
                 await session.close()
                 return
 
-    async def _answer(self, future: asyncio.Future[Message]) -> MyceliaError | _Later | None:
+    async def _answer(
+        self, session: Session, future: asyncio.Future[Message]
+    ) -> MyceliaError | _Later | None:
         """The peer's verdict on one commit: None (confirmed), its refusal, or LATER.
 
-        Raises _SessionOver when there will be no verdict in this session (closed, stuck).
+        Raises _SessionOver when there will be no verdict in this session: it closed, or
+        the answer is late and the peer sent nothing for a whole timeout (or kept sending
+        for :data:`BUSY_ROUNDS` of them: stuck on this commit, see the module docstring).
         """
+        heard = session.frames_read
+        for _ in range(BUSY_ROUNDS):
+            await asyncio.wait({future}, timeout=self._timeout)
+            if future.done() or (now := session.frames_read) == heard:
+                break
+            heard = now  # alive and busy: a loaded peer answers late
+        if not future.done():
+            raise _SessionOver(f"no answer in {self._timeout:g} s with nothing heard meanwhile")
         try:
-            async with asyncio.timeout(self._timeout):
-                await future
+            future.result()
         except RemoteError as exc:
             refusal = _refusal(exc)
             if refusal is None:
                 log.info("the durable peer could not take a commit now: %s", exc)
                 return LATER
             return refusal
-        except (ConnectionClosed, TimeoutError) as exc:
-            raise _SessionOver(str(exc) or "no answer in time") from exc
+        except ConnectionClosed as exc:
+            raise _SessionOver(str(exc) or "the connection closed") from exc
         return None
 
     def _confirmed(self, pending: Pending) -> None:
@@ -365,7 +386,7 @@ class CommitPipeline:
             async with self._gate.exclusive():
                 while flight:  # every commit in flight is answered before anything moves
                     pending, future = flight.pop()
-                    verdict = await self._answer(future)
+                    verdict = await self._answer(session, future)
                     if verdict is None:
                         self._confirmed(pending)
                     elif isinstance(verdict, _Later):

@@ -161,6 +161,8 @@ class PeerConnection:
         self._commits: list[tuple[CommitRequest, int]] = []
         self._commits_waiting = asyncio.Event()
         self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: cancelled in start order
+        self.frames_read = 0
+        """Frames read from the peer so far (the commit pipeline's sign of a live peer)."""
         self._answering: set[asyncio.Task[None]] = set()
         self._draining = False
         self._overflowed = False
@@ -392,6 +394,7 @@ class PeerConnection:
     async def _receive_one(self) -> None:
         """Read one frame and act on it (a request is counted in flight until answered)."""
         frame = await self.transport.recv()
+        self.frames_read += 1
         try:
             events = self.session.receive(frame)
         finally:

@@ -141,6 +141,11 @@ class Session(Protocol):
         """Wait until the session has ended."""
         ...
 
+    @property
+    def frames_read(self) -> int:
+        """Frames read from the peer so far (while it grows, the peer is alive and working)."""
+        ...
+
     async def close(self) -> None:
         """End the session."""
         ...
