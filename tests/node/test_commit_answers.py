@@ -92,6 +92,6 @@ async def test_a_peer_that_keeps_sending_but_never_answers_is_left_after_the_bus
 ) -> None:
     answer: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
     peer = Peer(busy=True)
-    with pytest.raises(commits._SessionOver):
+    with pytest.raises(commits._SessionOver, match=f"no answer in {BUSY_ROUNDS} timeouts"):
         await pipeline._answer(peer, answer)
     assert peer.looks == 1 + BUSY_ROUNDS

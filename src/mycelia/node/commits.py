@@ -335,14 +335,21 @@ class CommitPipeline:
         the answer is late and the peer sent nothing for a whole timeout (or kept sending
         for :data:`BUSY_ROUNDS` of them: stuck on this commit, see the module docstring).
         """
-        heard = session.frames_read
+        heard, silent = session.frames_read, False
         for _ in range(BUSY_ROUNDS):
             await asyncio.wait({future}, timeout=self._timeout)
-            if future.done() or (now := session.frames_read) == heard:
+            if future.done():
+                break
+            now = session.frames_read
+            if silent := now == heard:
                 break
             heard = now  # alive and busy: a loaded peer answers late
         if not future.done():
-            raise _SessionOver(f"no answer in {self._timeout:g} s with nothing heard meanwhile")
+            raise _SessionOver(
+                f"no answer in {self._timeout:g} s with nothing heard meanwhile"
+                if silent
+                else f"no answer in {BUSY_ROUNDS} timeouts of {self._timeout:g} s"
+            )
         try:
             future.result()
         except RemoteError as exc:
