@@ -10,7 +10,8 @@ import pytest
 
 from mycelia import Node
 from mycelia.node import commits
-from mycelia.node.commits import BUSY_ROUNDS, CommitPipeline
+from mycelia.node.commits import CommitPipeline
+from mycelia.node.flight import BUSY_ROUNDS
 from mycelia.node.ports import M, MakeRequest
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import Ack

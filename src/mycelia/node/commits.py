@@ -23,9 +23,9 @@ written (:class:`LocalCommits`). An ephemeral node's commit (:class:`CommitPipel
    peer deduplicates events by id), and a revert cut short by it happens then.
 5. **A slow answer is not a lost one.** The confirmer gives up on a session only when a
    commit's answer is late and nothing at all came from the peer for the request timeout
-   (or after :data:`BUSY_ROUNDS` timeouts of a peer that keeps sending): a loaded server
-   answers late, and leaving it would push the commit again and subscribe again, adding
-   to its load.
+   (or after :data:`~mycelia.node.flight.BUSY_ROUNDS` timeouts of a peer that keeps
+   sending, :func:`~mycelia.node.flight.answered`): a loaded server answers late, and
+   leaving it would push the commit again and subscribe again, adding to its load.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from mycelia.errors import (
     SystemError_,
     error_class,
 )
-from mycelia.node.flight import DONE, WINDOW, Flight, Gate, Pending, either
+from mycelia.node.flight import DONE, WINDOW, Flight, Gate, Pending, answered, either
 from mycelia.node.outbox import Outbox, Owed
 from mycelia.node.ports import Commit, MakeRequest, Session
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, Event, EventId, Limits
@@ -100,11 +100,6 @@ def _refusal(exc: RemoteError) -> MyceliaError | None:
         return error_class(exc.code)(f"the durable peer refused: {exc}")
     except TypeError:
         return exc
-
-
-BUSY_ROUNDS: Final = 10
-"""Request timeouts a commit's answer may take while the peer keeps sending frames (alive
-and busy), before the session is given up as stuck on it."""
 
 
 class _Later:
@@ -333,23 +328,11 @@ class CommitPipeline:
 
         Raises _SessionOver when there will be no verdict in this session: it closed, or
         the answer is late and the peer sent nothing for a whole timeout (or kept sending
-        for :data:`BUSY_ROUNDS` of them: stuck on this commit, see the module docstring).
+        for the busy rounds: stuck on this commit; see the module docstring).
         """
-        heard, silent = session.frames_read, False
-        for _ in range(BUSY_ROUNDS):
-            await asyncio.wait({future}, timeout=self._timeout)
-            if future.done():
-                break
-            now = session.frames_read
-            if silent := now == heard:
-                break
-            heard = now  # alive and busy: a loaded peer answers late
-        if not future.done():
-            raise _SessionOver(
-                f"no answer in {self._timeout:g} s with nothing heard meanwhile"
-                if silent
-                else f"no answer in {BUSY_ROUNDS} timeouts of {self._timeout:g} s"
-            )
+        late = await answered(future, lambda: session.frames_read, self._timeout)
+        if late is not None:
+            raise _SessionOver(late)
         try:
             future.result()
         except RemoteError as exc:

@@ -10,6 +10,8 @@ Invariants:
   :meth:`Flight.pop` or :meth:`Flight.release`.
 - :meth:`Gate.exclusive` waits until no :meth:`Gate.shared` holder is left, and admits no
   new one meanwhile: a revert never runs beside a local commit.
+- :func:`answered` never cancels the answer it waits for, and gives up only on a silent
+  peer or after :data:`BUSY_ROUNDS` timeouts of a busy one.
 """
 
 from __future__ import annotations
@@ -25,7 +27,17 @@ from mycelia.node.budget import Pool
 from mycelia.node.outbox import Owed
 from mycelia.proto.messages import Message
 
-__all__ = ["DONE", "FLIGHT_BYTES", "WINDOW", "Flight", "Gate", "Pending", "either"]
+__all__ = [
+    "BUSY_ROUNDS",
+    "DONE",
+    "FLIGHT_BYTES",
+    "WINDOW",
+    "Flight",
+    "Gate",
+    "Pending",
+    "answered",
+    "either",
+]
 
 WINDOW: Final = 128
 """Most commits in flight to the durable peer at once."""
@@ -94,6 +106,29 @@ class Pending:
     def fail(self, error: MyceliaError) -> None:
         if not self._future.done():
             self._future.set_exception(error)
+
+
+BUSY_ROUNDS: Final = 10
+"""Timeouts an answer may take while the peer keeps sending frames (alive and busy),
+before it is given up as stuck on it."""
+
+
+async def answered(
+    future: asyncio.Future[Any], frames_read: Callable[[], int], timeout: float
+) -> str | None:
+    """Wait for ``future`` without cancelling it: ``None`` once it is done, else why it is
+    late: nothing read from the peer for a whole ``timeout``, or :data:`BUSY_ROUNDS`
+    timeouts passed while the peer kept sending (a loaded peer answers late)."""
+    heard = frames_read()
+    for _ in range(BUSY_ROUNDS):
+        await asyncio.wait({future}, timeout=timeout)
+        if future.done():
+            return None
+        now = frames_read()
+        if now == heard:
+            return f"no answer in {timeout:g} s with nothing heard meanwhile"
+        heard = now
+    return None if future.done() else f"no answer in {BUSY_ROUNDS} timeouts of {timeout:g} s"
 
 
 async def either(first: Awaitable[object], second: Awaitable[object]) -> None:
