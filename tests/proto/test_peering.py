@@ -3,6 +3,8 @@ what they refuse."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from mycelia.errors import DecodeError, InvalidArgument, PayloadTooLarge, RemoteProtocolError
 from mycelia.proto import DEFAULT_LIMITS, EntityId, EventId
 from mycelia.proto.codec import pack
-from mycelia.proto.messages import Message, decode_frame, encode_frame, message_types
+from mycelia.proto.messages import Message, decode_frame, encode_frame, message_types, peek
 from mycelia.proto.peering import (
     PAGES,
     REQUESTS,
@@ -133,3 +135,19 @@ def test_a_record_field_must_declare_how_it_travels() -> None:
 
     with pytest.raises(InvalidArgument, match=r"Loose\.value"):
         record(Loose)
+
+
+def test_peeking_at_a_frame_reads_its_tag_and_request_id_with_a_buffer_of_their_size() -> None:
+    # A receiver peeks at every frame before it decodes one. A bare msgpack Unpacker
+    # allocates a 1 MiB buffer: a server taking a few thousand frames a second churned
+    # gigabytes through malloc and kept a fragmented heap of hundreds of MiB.
+    frame = encode_frame(GetEventsRequest(7, (), 1)) + b"\x00" * 100_000
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        found = peek(frame)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found == (GetEventsRequest.TAG, 7)
+    assert peak < 64 * 1024

@@ -110,7 +110,9 @@ def peek(frame: bytes) -> tuple[int | None, int | None]:
     """A frame's tag and its first field when that is an integer (a request id), read from
     its first bytes without decoding the rest: what a receiver checks before it spends
     anything on the body. ``(None, None)`` if the frame does not start like a message."""
-    unpacker = msgpack.Unpacker()
+    # A bare Unpacker allocates a 1 MiB buffer: one per frame, that churned gigabytes and
+    # left a busy server's heap fragmented. The peeked bytes need a buffer of their size.
+    unpacker = msgpack.Unpacker(read_size=PEEK_BYTES, max_buffer_size=PEEK_BYTES)
     unpacker.feed(frame[:PEEK_BYTES])
     try:
         if unpacker.read_array_header() < 1:
