@@ -392,17 +392,17 @@ class PostgresStorage:
         known_rows = self._known_since(offset, limit, known)
         if known_rows:
             return known_rows  # their events are recent ones (written or heard), or unread
-        entries: dict[int, FeedEntry] = {}
+        entries: list[FeedEntry] = []
         events: list[AdmittedEvent] = []
         shown = None if collections is None else Texts(sorted(collections))
         params = (offset, limit, shown, shown)
         for o, e, c, h, *event in await self._fetch("feed_heads", params):
-            if o not in entries:
-                entries[o] = FeedEntry(o, EntityId._trusted(e), c, clock(h))
-            if event[0] is not None:
+            if o is not None:  # the rows, in feed order, then the events their heads name
+                entries.append(FeedEntry(o, EntityId._trusted(e), c, clock(h)))
+            else:
                 events.append(admitted(event))
         self._recent.remember(events)
-        return list(entries.values())
+        return entries
 
     def _known_since(
         self, offset: int, limit: int, usable: Callable[[FeedEntry], bool]
