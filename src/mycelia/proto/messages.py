@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import ClassVar, Final, TypeVar, dataclass_transform
 
-import msgpack
-
 from mycelia.errors import DecodeError, InvalidArgument, InvalidMessage
 from mycelia.proto.codec import expect_int, pack, unpack
 from mycelia.proto.event import Event
@@ -68,9 +66,6 @@ class Message(Record):
 
 _REGISTRY: dict[int, type[Message]] = {}
 
-PEEK_BYTES: Final = 24
-"""Enough for an array header, a tag and a 64-bit request id."""
-_PEEK_FAILURES: Final = (msgpack.OutOfData, msgpack.UnpackException, ValueError, TypeError)
 
 M = TypeVar("M", bound=Message)
 
@@ -110,27 +105,65 @@ def peek(frame: bytes) -> tuple[int | None, int | None]:
     """A frame's tag and its first field when that is an integer (a request id), read from
     its first bytes without decoding the rest: what a receiver checks before it spends
     anything on the body. ``(None, None)`` if the frame does not start like a message."""
-    # A bare Unpacker allocates a 1 MiB buffer: one per frame, that churned gigabytes and
-    # left a busy server's heap fragmented. The peeked bytes need a buffer of their size.
-    unpacker = msgpack.Unpacker(read_size=PEEK_BYTES, max_buffer_size=PEEK_BYTES)
-    unpacker.feed(frame[:PEEK_BYTES])
-    try:
-        if unpacker.read_array_header() < 1:
-            return None, None
-        tag = unpacker.unpack()
-    except _PEEK_FAILURES:
+    # Read by hand: a msgpack Unpacker is a 41 KiB object (its parse stack; a bare one
+    # also allocates a 1 MiB buffer), made for every frame a server took.
+    array = _array_body(frame)
+    if array is None:
         return None, None
-    if not _is_int(tag):
+    length, at = array
+    tag = _int_at(frame, at)
+    if tag is None:
         return None, None
-    try:
-        first = unpacker.unpack()
-    except _PEEK_FAILURES:
-        return tag, None
-    return tag, first if _is_int(first) else None
+    if length < 2:
+        return tag[0], None
+    first = _int_at(frame, tag[1])
+    return tag[0], None if first is None else first[0]
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _array_body(frame: bytes) -> tuple[int, int] | None:
+    """(length, offset of the first item) of the array ``frame`` starts with (non-empty)."""
+    if not frame:
+        return None
+    head = frame[0]
+    if 0x91 <= head <= 0x9F:
+        return head & 0x0F, 1
+    size = _ARRAY_HEADERS.get(head)
+    if size is None or len(frame) < 1 + size:
+        return None
+    length = int.from_bytes(frame[1 : 1 + size], "big")
+    return (length, 1 + size) if length >= 1 else None
+
+
+def _int_at(frame: bytes, at: int) -> tuple[int, int] | None:
+    """(value, offset after it) of the msgpack integer at ``at``; None if there is none."""
+    if at >= len(frame):
+        return None
+    head = frame[at]
+    if head <= 0x7F:
+        return head, at + 1
+    if head >= 0xE0:
+        return head - 0x100, at + 1
+    form = _INT_FORMS.get(head)
+    if form is None or len(frame) < at + 1 + form[0]:
+        return None
+    size, signed = form
+    value = int.from_bytes(frame[at + 1 : at + 1 + size], "big", signed=signed)
+    return value, at + 1 + size
+
+
+_ARRAY_HEADERS: Final = {0xDC: 2, 0xDD: 4}
+"""array 16 and array 32: the bytes of their length."""
+_INT_FORMS: Final = {
+    0xCC: (1, False),
+    0xCD: (2, False),
+    0xCE: (4, False),
+    0xCF: (8, False),
+    0xD0: (1, True),
+    0xD1: (2, True),
+    0xD2: (4, True),
+    0xD3: (8, True),
+}
+"""msgpack's sized integers: (bytes, signed)."""
 
 
 def decode_frame(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> Message:
