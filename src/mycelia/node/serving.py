@@ -21,36 +21,29 @@ verdict and one refusal takes nothing else with it (a later commit built on a re
 is refused too: its parent is unknown).
 
 Subscriptions: a peer's standing query lives here with the heads this node believes the
-peer holds. After every local commit the changes go, in order, through one worker per
-peer (its queue bounded in bytes, :mod:`mycelia.node.pushes`: a peer that falls behind is cut
-off), which pushes :class:`SubscriptionUpdate` frames with, per entity, the new events
-(when the peer holds the previous head and may still read it), a bridge or a snapshot,
-and ``matches=False`` (with no data) when an entity leaves the query or may no longer be
-read. Before each push the peer's credentials are checked again: once they no longer
-admit it (an expired token), each of its standing queries ends with a
-:class:`SubscriptionEnded` carrying the error's code, and nothing more is pushed.
-Unsubscribing, or disconnecting, stops the pushes. A peer is not sent back its own commit:
-a change made only of events the peer committed, on the head this node believes it holds,
-pushes nothing to it (the head after it is noted as held); the other subscribers get it.
+peer holds; what its answer and each update send is computed by
+:mod:`mycelia.node.answers`. After every local commit the changes go, in order, through
+one worker per peer (its queue bounded in bytes, :mod:`mycelia.node.pushes`: a peer that
+falls behind is cut off), which pushes :class:`SubscriptionUpdate` frames with, per
+entity, the new events (when the peer holds the previous head and may still read it), a
+bridge or a snapshot, and ``matches=False`` (with no data) when an entity leaves the
+query or may no longer be read. Before each push the peer's credentials are checked
+again: once they no longer admit it (an expired token), each of its standing queries
+ends with a :class:`SubscriptionEnded` carrying the error's code, and nothing more is
+pushed. Unsubscribing, or disconnecting, stops the pushes. A peer is not sent back its
+own commit: a change made only of events the peer committed, on the head this node
+believes it holds, pushes nothing to it (the head after it is noted as held); the other
+subscribers get it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import (
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Collection,
-    Iterable,
-    Mapping,
-    Sequence,
-)
-from dataclasses import dataclass, field
-from typing import Final, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Final
 
-from mycelia.entity import Entity, EntityChange, EventCheck, IngestResult, Snapshot
+from mycelia.entity import EntityChange, EventCheck, IngestResult, Snapshot
 from mycelia.errors import (
     InvalidArgument,
     LocalProtocolError,
@@ -59,12 +52,12 @@ from mycelia.errors import (
     PresenceRejected,
     code_of,
 )
-from mycelia.node.deltas import HEAVY_AT_ONCE, check_cost, delta_for, served_rows
+from mycelia.node.answers import Answers, Loader, Standing
+from mycelia.node.deltas import check_cost, delta_for
 from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
 from mycelia.node.ports import Peer
-from mycelia.node.pushes import FEED_BYTES, Missed, SubscriberFeed, changes_size, events_size
-from mycelia.node.ranks import Ranks
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
+from mycelia.node.pushes import FEED_BYTES, Missed, SubscriberFeed, changes_size
+from mycelia.proto import AdmittedEvent, Clock, EntityId, Event, EventId
 from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
@@ -79,19 +72,17 @@ from mycelia.proto.peering import (
     FetchRequest,
     GetEventsRequest,
     GetRequest,
-    KnownEntity,
     SubscribeRequest,
     SubscriptionEnded,
     SubscriptionUpdate,
     SystemRequest,
     UnsubscribeRequest,
 )
-from mycelia.proto.query import Query, evaluate, order_key, parse
-from mycelia.proto.query.compile import Compiled, compile_predicate
-from mycelia.retrieval import StoredState
+from mycelia.proto.query import Query, parse
+from mycelia.proto.query.compile import compile_predicate
 from mycelia.storage import StorageEngine
 
-__all__ = ["Loader", "Responder"]
+__all__ = ["Responder"]
 
 log = logging.getLogger(__name__)
 
@@ -99,31 +90,6 @@ MAX_SUBSCRIPTIONS: Final = 256
 """Standing queries one peer may hold."""
 PAGE_ENVELOPE: Final = 1024
 """Room a page keeps for its message around its deltas or events."""
-PAGE_LIMIT: Final = 1024 * 1024
-"""Most bytes of events a pushed update sends as they are (more: a snapshot or bridge)."""
-
-
-@dataclass(slots=True)
-class _Standing:
-    query_id: int
-    collection: str
-    query: Query
-    credentials: Credentials
-    sent: dict[EntityId, Clock] = field(default_factory=dict)
-    """Entities the peer holds for this query, with the head it holds."""
-    predicate: Compiled | None = None
-    """The query's predicate, compiled once (see :mod:`mycelia.proto.query.compile`)."""
-    ranks: Ranks | None = None
-    """A LIMIT query's result as last ranked (``None``: rank it from storage next)."""
-
-
-class Loader(Protocol):
-    """How the responder reads an entity as this node holds it (the applier)."""
-
-    async def load(self, entity_id: EntityId) -> Entity | None:
-        """The entity (``None`` if unknown)."""
-        ...
-
 
 CommitRemote = Callable[[list[list[Event]], EventCheck], Awaitable[IngestResult]]
 """Commits a peer's commits, in order, each all-or-nothing and checked first, in one
@@ -150,7 +116,8 @@ class Responder:
         self._policy = policy
         self._commit_remote = commit
         self._system_events = system_events
-        self._subscriptions: dict[Peer, dict[int, _Standing]] = {}
+        self._answers = Answers(entities, storage, policy)
+        self._subscriptions: dict[Peer, dict[int, Standing]] = {}
         self._queues: dict[Peer, SubscriberFeed] = {}
         self._lanes: dict[Peer, asyncio.Lock] = {}
         """Each peer's lane for heavy queries (one at a time per connection)."""
@@ -158,8 +125,6 @@ class Responder:
         """The events of each peer's commits being written now (see :meth:`on_change`)."""
         self._echoes: dict[Peer, set[tuple[EntityId, Clock]]] = {}
         """Changes (entity, head after) made only of the peer's own events, not pushed yet."""
-        self._heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
-        """The node's heavy queries being evaluated (ARCHITECTURE.md §8)."""
         self._answering: set[Missed] = set()
         """Per subscription being answered, the changes committed meanwhile (see
         :meth:`_subscribe`)."""
@@ -179,8 +144,8 @@ class Responder:
                 return response
             case FetchRequest():
                 query = _bound(msg.query, msg.args)
-                answer = _Standing(0, msg.collection, query, peer.credentials)
-                deltas = self._deltas(peer, answer, msg.known)
+                answer = Standing(0, msg.collection, query, peer.credentials)
+                deltas = self._answers.answer(answer, msg.known, lane=self._lane(peer))
                 return await _paged_deltas(peer, msg.request_id, deltas)
             case SubscribeRequest():
                 return await self._subscribe(peer, msg)
@@ -289,7 +254,7 @@ class Responder:
         standing = self._subscriptions.setdefault(peer, {})
         if msg.query_id not in standing and len(standing) >= MAX_SUBSCRIPTIONS:
             raise InvalidArgument(f"a peer may hold at most {MAX_SUBSCRIPTIONS} subscriptions")
-        fresh = _Standing(
+        fresh = Standing(
             msg.query_id,
             msg.collection,
             query,
@@ -304,7 +269,7 @@ class Responder:
         missed = Missed(msg.collection)
         self._answering.add(missed)
         try:
-            deltas = self._deltas(peer, fresh, msg.known)
+            deltas = self._answers.answer(fresh, msg.known, lane=self._lane(peer))
             response = await _paged_deltas(peer, msg.request_id, deltas)
         finally:
             self._answering.discard(missed)
@@ -314,44 +279,6 @@ class Responder:
         if missed.overflowed or not all(feed.offer(c, n) for c, n in missed.changes):
             peer.cut_off(f"its subscriptions fell more than {FEED_BYTES} bytes behind")
         return response
-
-    async def _deltas(
-        self, peer: Peer, answer: _Standing, known: tuple[KnownEntity, ...]
-    ) -> AsyncIterator[Delta]:
-        """Deltas for ``answer``'s query, and (into ``answer.sent``) what the peer then
-        holds fresh for it: the result, plus known entities that still match the predicate
-        (outside a LIMIT they are kept fresh, so the peer's own ordering stays right). A
-        known entity the peer may not read, of another collection, or unknown here gets
-        the same delta: ``matches=False`` with no data. A LIMIT result is kept as
-        ``answer.ranks`` (see :meth:`_rank`).
-        """
-        credentials, collection, query = peer.credentials, answer.collection, answer.query
-        members = answer.sent
-        known_heads = {k.entity_id: k.head for k in known}
-        for stored in await self._rank(answer, peer):
-            state = stored.state
-            held = known_heads.pop(state.entity_id, None)
-            delta = await delta_for(self._storage, state, held)
-            if delta is not None:
-                yield delta
-            members[state.entity_id] = state.state.head
-        for entity_id, head in known_heads.items():
-            entity = await self._entities.load(entity_id)
-            snapshot = None if entity is None or not entity.exists else entity.snapshot()
-            if (
-                entity is None
-                or snapshot is None
-                or entity.collection != collection
-                or not self._policy.can_read(credentials, snapshot)
-            ):
-                yield Delta(entity_id, collection, False, None, ())  # absent, to this peer
-                continue
-            matches = not snapshot.deleted and evaluate(query.predicate, snapshot.values)
-            delta = await delta_for(self._storage, entity.to_state(), head, matches=matches)
-            if delta is not None:
-                yield delta
-            if matches:
-                members[entity_id] = snapshot.head
 
     # -- pushing updates ---------------------------------------------------------------------
 
@@ -389,7 +316,8 @@ class Responder:
             echoes = self._echoes.get(peer, set())
             echoed = {id(c) for c in changes if (c.after.entity_id, c.after.head) in echoes}
             for standing in list(self._subscriptions.get(peer, {}).values()):
-                deltas = await self._update(standing, changes, peer, echoed)
+                lane = self._lane(peer)
+                deltas = await self._answers.update(standing, changes, echoed, lane=lane)
                 for chunk in _pages(deltas, peer.page_bytes):
                     if standing.query_id not in self._subscriptions.get(peer, {}):
                         break
@@ -410,135 +338,6 @@ class Responder:
             return False
         return True
 
-    async def _update(
-        self,
-        standing: _Standing,
-        changes: list[EntityChange],
-        peer: Peer,
-        echoed: Collection[int],
-    ) -> list[Delta]:
-        """The deltas a batch of changes means for one standing query.
-
-        The peer holds ``standing.sent`` fresh while they match the predicate; a new match
-        is pushed if it belongs to the result (with a LIMIT, only if it ranks inside it:
-        then members that left the LIMIT stay fresh on the peer, and rows that entered to
-        refill it are pushed).
-        """
-        relevant = [c for c in changes if c.after.collection == standing.collection]
-        if not relevant:
-            return []
-        ranked: set[EntityId] | None = None
-        if standing.query.limit is not None:
-            ranked = self._placed(standing, relevant)
-            if ranked is None:
-                ranked = {s.state.entity_id for s in await self._rank(standing, peer)}
-        deltas = []
-        for change in relevant:
-            entity_id = change.after.entity_id
-            member = self._member(standing, change.after)
-            if entity_id not in standing.sent and ranked is not None and entity_id not in ranked:
-                member = False  # a match outside the LIMIT: nothing the peer needs yet
-            delta = await self._delta_for_change(
-                standing, change, member=member, echo=id(change) in echoed
-            )
-            if delta is not None:
-                deltas.append(delta)
-        if ranked is not None:
-            deltas.extend(await self._refill(standing, ranked))
-        return deltas
-
-    def _placed(self, standing: _Standing, changes: list[EntityChange]) -> set[EntityId] | None:
-        """A LIMIT query's result after ``changes``, placed from its ranks (``None``: only
-        storage can rank them; see :mod:`mycelia.node.ranks`)."""
-        ranks, standing.ranks = standing.ranks, None  # back once every change is placed
-        if ranks is None:
-            return None
-        order_by = standing.query.order_by
-        for change in changes:
-            after = change.after
-            selected = not after.deleted and self._selects(standing, after)
-            if selected and not self._policy.can_read(standing.credentials, after):
-                return None  # storage ranks a row policy hides among the LIMIT
-            key = order_key(after.values, order_by) if selected else None
-            if ranks.place(after.entity_id, key) is None:
-                return None
-        standing.ranks = ranks
-        return set(ranks.members())
-
-    async def _rank(self, standing: _Standing, peer: Peer) -> list[StoredState]:
-        """The rows of a query's result the peer may read, from storage. A LIMIT result
-        is kept as ``standing.ranks`` when policy hides none of its rows (a hidden row
-        among them: every change is ranked by storage)."""
-        lane, heavy = self._lane(peer), self._heavy
-        rows = await served_rows(
-            self._storage, standing.collection, standing.query, lane=lane, heavy=heavy
-        )
-        readable = [
-            s
-            for s in rows
-            if self._policy.can_read(standing.credentials, _snapshot(s.state, s.values))
-        ]
-        limit = standing.query.limit
-        if isinstance(limit, int) and len(readable) == len(rows):
-            order_by = standing.query.order_by
-            ranked = [(s.state.entity_id, order_key(s.values, order_by)) for s in rows]
-            standing.ranks = Ranks(limit, ranked)
-        return readable
-
-    async def _refill(self, standing: _Standing, ranked: set[EntityId]) -> list[Delta]:
-        """Rows that entered a LIMIT result because others left it."""
-        deltas = []
-        for entity_id in ranked - set(standing.sent):
-            state = await self._storage.get_state(entity_id)
-            if state is None:
-                continue
-            delta = await delta_for(self._storage, state, None)
-            if delta is not None:
-                deltas.append(delta)
-            standing.sent[entity_id] = state.state.head
-        return deltas
-
-    async def _delta_for_change(
-        self, standing: _Standing, change: EntityChange, *, member: bool, echo: bool = False
-    ) -> Delta | None:
-        entity_id = change.after.entity_id
-        held = standing.sent.get(entity_id)
-        if not member and held is None:
-            return None
-        if echo and member and (held or Clock()) == change.before.head:
-            # The peer's own commit on the head it holds (or its own create): it holds the
-            # head after it too (its events, on what it held), and it shows the entity.
-            standing.sent[entity_id] = change.after.head
-            return None
-        delta: Delta | None
-        if not member and not self._policy.can_read(standing.credentials, change.after):
-            delta = Delta(entity_id, standing.collection, False, None, ())  # no data: not theirs
-        elif held is not None and held == change.before.head and _small(change):
-            events = tuple(e.event for e in change.events)
-            delta = Delta(entity_id, standing.collection, member, None, events)
-        else:
-            state = await self._storage.get_state(entity_id)
-            if state is None:
-                return None
-            delta = await delta_for(self._storage, state, held, matches=member)
-        if member:
-            standing.sent[entity_id] = change.after.head
-        else:
-            standing.sent.pop(entity_id, None)
-        return delta
-
-    def _member(self, standing: _Standing, snapshot: Snapshot) -> bool:
-        return (
-            not snapshot.deleted
-            and self._selects(standing, snapshot)
-            and self._policy.can_read(standing.credentials, snapshot)
-        )
-
-    @staticmethod
-    def _selects(standing: _Standing, snapshot: Snapshot) -> bool:
-        """Whether the query's predicate selects the entity's values (policy aside)."""
-        return (standing.predicate or compile_predicate(standing.query.predicate))(snapshot.values)
-
 
 def _bound(text: str, args: tuple[object, ...]) -> Query:
     """The peer's query, parsed, bound and within the cost budget (QueryError,
@@ -546,11 +345,6 @@ def _bound(text: str, args: tuple[object, ...]) -> Query:
     query = parse(text).bind(*args)
     check_cost(query)
     return query
-
-
-def _small(change: EntityChange) -> bool:
-    """Whether a change's events can travel as they are (else a snapshot or bridge)."""
-    return len(change.events) <= MAX_BATCH_EVENTS and events_size(change.events) <= (PAGE_LIMIT)
 
 
 def _deltas_size(deltas: Sequence[Delta]) -> int:
@@ -609,7 +403,3 @@ def _events_fields(
     return tuple(e.event for e in events), tuple(
         e.generation for e in events
     ) if generations else ()
-
-
-def _snapshot(state: EntityState, values: Mapping[str, object]) -> Snapshot:
-    return Snapshot(state.entity_id, state.collection, state.state.head, values)

@@ -1,0 +1,261 @@
+"""What a standing query sends: its first answer and its updates (ARCHITECTURE.md §7, §8).
+
+A :class:`Standing` is one peer's query as this node answers it: a subscription, or a
+one-off fetch. :class:`Answers` computes its deltas: :meth:`Answers.answer` for the first
+answer, and :meth:`Answers.update` for each batch of changes committed here. The responder
+(:mod:`mycelia.node.serving`) keeps which peer holds which query, feeds the batches in
+order, and pages what these return.
+
+Invariants:
+
+- ``standing.sent`` is what the peer holds fresh for the query, with the head it holds:
+  a member's delta is noted there before it is returned, and a non-member is dropped from
+  it. An update sends a change's own events when the peer holds the head before it and
+  they are small; otherwise a snapshot or a bridge.
+- Every row sent passes the policy's ``can_read`` for the standing's credentials. An
+  entity the peer may not read gets the same delta as one that does not exist:
+  ``matches=False``, with no data.
+- A LIMIT result is placed from ``standing.ranks`` while every change can be placed
+  there (:mod:`mycelia.node.ranks`); otherwise storage ranks it again. A match outside
+  the LIMIT is not sent; rows that enter it to refill it are.
+- The peer's own commit on the head it holds (``echoed``) is not sent back: the peer
+  holds the head after it already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from mycelia.entity import Entity, EntityChange, Snapshot
+from mycelia.node.deltas import HEAVY_AT_ONCE, delta_for, served_rows
+from mycelia.node.policy import Credentials, PolicyAgent
+from mycelia.node.pushes import events_size
+from mycelia.node.ranks import Ranks
+from mycelia.proto import Clock, EntityId, EntityState
+from mycelia.proto.limits import MAX_BATCH_EVENTS
+from mycelia.proto.peering import Delta, KnownEntity
+from mycelia.proto.query import Query, evaluate, order_key
+from mycelia.proto.query.compile import Compiled, compile_predicate
+from mycelia.retrieval import StoredState
+from mycelia.storage import StorageEngine
+
+__all__ = ["PAGE_LIMIT", "Answers", "Loader", "Standing"]
+
+PAGE_LIMIT: Final = 1024 * 1024
+"""Most bytes of events a pushed update sends as they are (more: a snapshot or bridge)."""
+
+
+@dataclass(slots=True)
+class Standing:
+    """One peer's query as this node answers it (a subscription, or a one-off fetch)."""
+
+    query_id: int
+    collection: str
+    query: Query
+    credentials: Credentials
+    sent: dict[EntityId, Clock] = field(default_factory=dict)
+    """Entities the peer holds for this query, with the head it holds."""
+    predicate: Compiled | None = None
+    """The query's predicate, compiled once (see :mod:`mycelia.proto.query.compile`)."""
+    ranks: Ranks | None = None
+    """A LIMIT query's result as last ranked (``None``: rank it from storage next)."""
+
+
+class Loader(Protocol):
+    """How the answers read an entity as this node holds it (the applier)."""
+
+    async def load(self, entity_id: EntityId) -> Entity | None:
+        """The entity (``None`` if unknown)."""
+        ...
+
+
+class Answers:
+    """The deltas of standing queries (see the module docstring)."""
+
+    def __init__(self, entities: Loader, storage: StorageEngine, policy: PolicyAgent) -> None:
+        self._entities = entities
+        self._storage = storage
+        self._policy = policy
+        self._heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
+        """The node's heavy queries being evaluated (ARCHITECTURE.md §8)."""
+
+    async def answer(
+        self, standing: Standing, known: tuple[KnownEntity, ...], *, lane: asyncio.Lock
+    ) -> AsyncIterator[Delta]:
+        """Deltas for ``standing``'s query, and (into ``standing.sent``) what the peer then
+        holds fresh for it: the result, plus known entities that still match the predicate
+        (outside a LIMIT they are kept fresh, so the peer's own ordering stays right). A
+        known entity the peer may not read, of another collection, or unknown here gets
+        the same delta: ``matches=False`` with no data. A LIMIT result is kept as
+        ``standing.ranks`` (see :meth:`_rank`). ``lane`` is the peer's lane for heavy queries
+        (one at a time per connection).
+        """
+        credentials, collection, query = standing.credentials, standing.collection, standing.query
+        members = standing.sent
+        known_heads = {k.entity_id: k.head for k in known}
+        for stored in await self._rank(standing, lane):
+            state = stored.state
+            held = known_heads.pop(state.entity_id, None)
+            delta = await delta_for(self._storage, state, held)
+            if delta is not None:
+                yield delta
+            members[state.entity_id] = state.state.head
+        for entity_id, head in known_heads.items():
+            entity = await self._entities.load(entity_id)
+            snapshot = None if entity is None or not entity.exists else entity.snapshot()
+            if (
+                entity is None
+                or snapshot is None
+                or entity.collection != collection
+                or not self._policy.can_read(credentials, snapshot)
+            ):
+                yield Delta(entity_id, collection, False, None, ())  # absent, to this peer
+                continue
+            matches = not snapshot.deleted and evaluate(query.predicate, snapshot.values)
+            delta = await delta_for(self._storage, entity.to_state(), head, matches=matches)
+            if delta is not None:
+                yield delta
+            if matches:
+                members[entity_id] = snapshot.head
+
+    async def update(
+        self,
+        standing: Standing,
+        changes: list[EntityChange],
+        echoed: Collection[int],
+        *,
+        lane: asyncio.Lock,
+    ) -> list[Delta]:
+        """The deltas a batch of changes means for one standing query.
+
+        The peer holds ``standing.sent`` fresh while they match the predicate; a new match
+        is pushed if it belongs to the result (with a LIMIT, only if it ranks inside it:
+        then members that left the LIMIT stay fresh on the peer, and rows that entered to
+        refill it are pushed). ``echoed`` holds the ``id`` of each change that is the
+        peer's own commit (see the module docstring).
+        """
+        relevant = [c for c in changes if c.after.collection == standing.collection]
+        if not relevant:
+            return []
+        ranked: set[EntityId] | None = None
+        if standing.query.limit is not None:
+            ranked = self._placed(standing, relevant)
+            if ranked is None:
+                ranked = {s.state.entity_id for s in await self._rank(standing, lane)}
+        deltas = []
+        for change in relevant:
+            entity_id = change.after.entity_id
+            member = self._member(standing, change.after)
+            if entity_id not in standing.sent and ranked is not None and entity_id not in ranked:
+                member = False  # a match outside the LIMIT: nothing the peer needs yet
+            delta = await self._delta_for_change(
+                standing, change, member=member, echo=id(change) in echoed
+            )
+            if delta is not None:
+                deltas.append(delta)
+        if ranked is not None:
+            deltas.extend(await self._refill(standing, ranked))
+        return deltas
+
+    def _placed(self, standing: Standing, changes: list[EntityChange]) -> set[EntityId] | None:
+        """A LIMIT query's result after ``changes``, placed from its ranks (``None``: only
+        storage can rank them; see :mod:`mycelia.node.ranks`)."""
+        ranks, standing.ranks = standing.ranks, None  # back once every change is placed
+        if ranks is None:
+            return None
+        order_by = standing.query.order_by
+        for change in changes:
+            after = change.after
+            selected = not after.deleted and self._selects(standing, after)
+            if selected and not self._policy.can_read(standing.credentials, after):
+                return None  # storage ranks a row policy hides among the LIMIT
+            key = order_key(after.values, order_by) if selected else None
+            if ranks.place(after.entity_id, key) is None:
+                return None
+        standing.ranks = ranks
+        return set(ranks.members())
+
+    async def _rank(self, standing: Standing, lane: asyncio.Lock) -> list[StoredState]:
+        """The rows of a query's result the peer may read, from storage. A LIMIT result
+        is kept as ``standing.ranks`` when policy hides none of its rows (a hidden row
+        among them: every change is ranked by storage)."""
+        rows = await served_rows(
+            self._storage, standing.collection, standing.query, lane=lane, heavy=self._heavy
+        )
+        readable = [
+            s
+            for s in rows
+            if self._policy.can_read(standing.credentials, _snapshot(s.state, s.values))
+        ]
+        limit = standing.query.limit
+        if isinstance(limit, int) and len(readable) == len(rows):
+            order_by = standing.query.order_by
+            ranked = [(s.state.entity_id, order_key(s.values, order_by)) for s in rows]
+            standing.ranks = Ranks(limit, ranked)
+        return readable
+
+    async def _refill(self, standing: Standing, ranked: set[EntityId]) -> list[Delta]:
+        """Rows that entered a LIMIT result because others left it."""
+        deltas = []
+        for entity_id in ranked - set(standing.sent):
+            state = await self._storage.get_state(entity_id)
+            if state is None:
+                continue
+            delta = await delta_for(self._storage, state, None)
+            if delta is not None:
+                deltas.append(delta)
+            standing.sent[entity_id] = state.state.head
+        return deltas
+
+    async def _delta_for_change(
+        self, standing: Standing, change: EntityChange, *, member: bool, echo: bool = False
+    ) -> Delta | None:
+        entity_id = change.after.entity_id
+        held = standing.sent.get(entity_id)
+        if not member and held is None:
+            return None
+        if echo and member and (held or Clock()) == change.before.head:
+            # The peer's own commit on the head it holds (or its own create): it holds the
+            # head after it too (its events, on what it held), and it shows the entity.
+            standing.sent[entity_id] = change.after.head
+            return None
+        delta: Delta | None
+        if not member and not self._policy.can_read(standing.credentials, change.after):
+            delta = Delta(entity_id, standing.collection, False, None, ())  # no data: not theirs
+        elif held is not None and held == change.before.head and _small(change):
+            events = tuple(e.event for e in change.events)
+            delta = Delta(entity_id, standing.collection, member, None, events)
+        else:
+            state = await self._storage.get_state(entity_id)
+            if state is None:
+                return None
+            delta = await delta_for(self._storage, state, held, matches=member)
+        if member:
+            standing.sent[entity_id] = change.after.head
+        else:
+            standing.sent.pop(entity_id, None)
+        return delta
+
+    def _member(self, standing: Standing, snapshot: Snapshot) -> bool:
+        return (
+            not snapshot.deleted
+            and self._selects(standing, snapshot)
+            and self._policy.can_read(standing.credentials, snapshot)
+        )
+
+    @staticmethod
+    def _selects(standing: Standing, snapshot: Snapshot) -> bool:
+        """Whether the query's predicate selects the entity's values (policy aside)."""
+        return (standing.predicate or compile_predicate(standing.query.predicate))(snapshot.values)
+
+
+def _small(change: EntityChange) -> bool:
+    """Whether a change's events can travel as they are (else a snapshot or bridge)."""
+    return len(change.events) <= MAX_BATCH_EVENTS and events_size(change.events) <= PAGE_LIMIT
+
+
+def _snapshot(state: EntityState, values: Mapping[str, object]) -> Snapshot:
+    return Snapshot(state.entity_id, state.collection, state.state.head, values)
