@@ -1,5 +1,5 @@
 """A commit made while a subscription is being answered reaches the subscriber
-(mycelia.node.serving, mycelia.node.answers): the answer reads the rows, the commit
+(mycelia.node.serving, mycelia.node.served): the answer reads the rows, the commit
 lands, and only then does the query stand. Before, the peer kept the row as read until
 the entity's next change."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mycelia import Model, Node
-from mycelia.node import answers, deltas
+from mycelia.node import deltas, served
 from tests.node.waiting import until
 
 
@@ -35,7 +35,7 @@ async def test_a_commit_made_while_the_answer_is_built_is_pushed_after_it(
                 (await trx.edit(Lamp, lamp)).lit = True
         return rows
 
-    monkeypatch.setattr(answers, "served_rows", rows_then_a_commit)
+    monkeypatch.setattr(served, "served_rows", rows_then_a_commit)
     live = await client.context().query(Lamp, "").__aenter__()
     try:
 

@@ -51,12 +51,13 @@ from mycelia.node.context import Context, ContextParts
 from mycelia.node.deltas import query_rows
 from mycelia.node.feed import FeedFollower, follows
 from mycelia.node.identity import KEY_META, NodeKey
-from mycelia.node.live import LiveParts, Reactor
+from mycelia.node.live import LiveParts
 from mycelia.node.outbox import Outbox
 from mycelia.node.peer import Identity, PeerConnection
 from mycelia.node.policy import LOCAL, Credentials, Gatekeeper, PermissiveAgent, PolicyAgent
 from mycelia.node.ports import ChangeListener
 from mycelia.node.progress import Slow
+from mycelia.node.reactor import Reactor
 from mycelia.node.serving import Responder
 from mycelia.node.transaction import TransactionParts
 from mycelia.node.transport import Transport

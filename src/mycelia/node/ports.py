@@ -13,7 +13,7 @@ port                      consumer                     implemented by
 :class:`Answers`          ``PeerConnection``           ``Responder``
 :class:`Gate`             ``PeerConnection``           ``policy.Gatekeeper``
 :class:`Session`          the upstream and its commits ``PeerConnection``
-:class:`Watch`            ``LiveQuery``                ``live.Reactor``
+:class:`Watch`            ``LiveQuery``                ``reactor.Reactor``
 :class:`Follow`           ``LiveQuery``                ``Upstream``
 :class:`Reads`            ``Context``, ``Transaction`` ``Upstream``
 :class:`Commits`          ``Transaction``              ``Upstream``

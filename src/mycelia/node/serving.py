@@ -22,7 +22,7 @@ is refused too: its parent is unknown).
 
 Subscriptions: a peer's standing query lives here with the heads this node believes the
 peer holds; what its answer and each update send is computed by
-:mod:`mycelia.node.answers`. After every local commit the changes go, in order, through
+:mod:`mycelia.node.served`. After every local commit the changes go, in order, through
 one worker per peer (its queue bounded in bytes, :mod:`mycelia.node.pushes`: a peer that
 falls behind is cut off), which pushes :class:`SubscriptionUpdate` frames with, per
 entity, the new events (when the peer holds the previous head and may still read it), a
@@ -52,11 +52,11 @@ from mycelia.errors import (
     PresenceRejected,
     code_of,
 )
-from mycelia.node.answers import Answers, Loader, Standing
 from mycelia.node.deltas import check_cost, delta_for
 from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
 from mycelia.node.ports import Peer
 from mycelia.node.pushes import FEED_BYTES, Missed, SubscriberFeed, changes_size
+from mycelia.node.served import Loader, ServedQueries, ServedQuery
 from mycelia.proto import AdmittedEvent, Clock, EntityId, Event, EventId
 from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.messages import Message
@@ -116,8 +116,8 @@ class Responder:
         self._policy = policy
         self._commit_remote = commit
         self._system_events = system_events
-        self._answers = Answers(entities, storage, policy)
-        self._subscriptions: dict[Peer, dict[int, Standing]] = {}
+        self._served = ServedQueries(entities, storage, policy)
+        self._subscriptions: dict[Peer, dict[int, ServedQuery]] = {}
         self._queues: dict[Peer, SubscriberFeed] = {}
         self._lanes: dict[Peer, asyncio.Lock] = {}
         """Each peer's lane for heavy queries (one at a time per connection)."""
@@ -144,8 +144,8 @@ class Responder:
                 return response
             case FetchRequest():
                 query = _bound(msg.query, msg.args)
-                answer = Standing(0, msg.collection, query, peer.credentials)
-                deltas = self._answers.answer(answer, msg.known, lane=self._lane(peer))
+                answer = ServedQuery(0, msg.collection, query, peer.credentials)
+                deltas = self._served.answer(answer, msg.known, lane=self._lane(peer))
                 return await _paged_deltas(peer, msg.request_id, deltas)
             case SubscribeRequest():
                 return await self._subscribe(peer, msg)
@@ -254,7 +254,7 @@ class Responder:
         standing = self._subscriptions.setdefault(peer, {})
         if msg.query_id not in standing and len(standing) >= MAX_SUBSCRIPTIONS:
             raise InvalidArgument(f"a peer may hold at most {MAX_SUBSCRIPTIONS} subscriptions")
-        fresh = Standing(
+        fresh = ServedQuery(
             msg.query_id,
             msg.collection,
             query,
@@ -269,7 +269,7 @@ class Responder:
         missed = Missed(msg.collection)
         self._answering.add(missed)
         try:
-            deltas = self._answers.answer(fresh, msg.known, lane=self._lane(peer))
+            deltas = self._served.answer(fresh, msg.known, lane=self._lane(peer))
             response = await _paged_deltas(peer, msg.request_id, deltas)
         finally:
             self._answering.discard(missed)
@@ -317,7 +317,7 @@ class Responder:
             echoed = {id(c) for c in changes if (c.after.entity_id, c.after.head) in echoes}
             for standing in list(self._subscriptions.get(peer, {}).values()):
                 lane = self._lane(peer)
-                deltas = await self._answers.update(standing, changes, echoed, lane=lane)
+                deltas = await self._served.update(standing, changes, echoed, lane=lane)
                 for chunk in _pages(deltas, peer.page_bytes):
                     if standing.query_id not in self._subscriptions.get(peer, {}):
                         break

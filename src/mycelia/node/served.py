@@ -1,10 +1,10 @@
-"""What a standing query sends: its first answer and its updates (ARCHITECTURE.md §7, §8).
+"""What a served query sends: its first answer and its updates (ARCHITECTURE.md §7, §8).
 
-A :class:`Standing` is one peer's query as this node answers it: a subscription, or a
-one-off fetch. :class:`Answers` computes its deltas: :meth:`Answers.answer` for the first
-answer, and :meth:`Answers.update` for each batch of changes committed here. The responder
-(:mod:`mycelia.node.serving`) keeps which peer holds which query, feeds the batches in
-order, and pages what these return.
+A :class:`ServedQuery` is one peer's query as this node answers it: a subscription, or a
+one-off fetch. :class:`ServedQueries` computes its deltas: :meth:`ServedQueries.answer`
+for the first answer, and :meth:`ServedQueries.update` for each batch of changes
+committed here. The responder (:mod:`mycelia.node.serving`) keeps which peer holds which
+query, feeds the batches in order, and pages what these return.
 
 Invariants:
 
@@ -42,14 +42,14 @@ from mycelia.proto.query.compile import Compiled, compile_predicate
 from mycelia.retrieval import StoredState
 from mycelia.storage import StorageEngine
 
-__all__ = ["PAGE_LIMIT", "Answers", "Loader", "Standing"]
+__all__ = ["PAGE_LIMIT", "Loader", "ServedQueries", "ServedQuery"]
 
 PAGE_LIMIT: Final = 1024 * 1024
 """Most bytes of events a pushed update sends as they are (more: a snapshot or bridge)."""
 
 
 @dataclass(slots=True)
-class Standing:
+class ServedQuery:
     """One peer's query as this node answers it (a subscription, or a one-off fetch)."""
 
     query_id: int
@@ -65,15 +65,15 @@ class Standing:
 
 
 class Loader(Protocol):
-    """How the answers read an entity as this node holds it (the applier)."""
+    """How the served queries read an entity as this node holds it (the applier)."""
 
     async def load(self, entity_id: EntityId) -> Entity | None:
         """The entity (``None`` if unknown)."""
         ...
 
 
-class Answers:
-    """The deltas of standing queries (see the module docstring)."""
+class ServedQueries:
+    """The deltas of served queries (see the module docstring)."""
 
     def __init__(self, entities: Loader, storage: StorageEngine, policy: PolicyAgent) -> None:
         self._entities = entities
@@ -83,7 +83,7 @@ class Answers:
         """The node's heavy queries being evaluated (ARCHITECTURE.md §8)."""
 
     async def answer(
-        self, standing: Standing, known: tuple[KnownEntity, ...], *, lane: asyncio.Lock
+        self, standing: ServedQuery, known: tuple[KnownEntity, ...], *, lane: asyncio.Lock
     ) -> AsyncIterator[Delta]:
         """Deltas for ``standing``'s query, and (into ``standing.sent``) what the peer then
         holds fresh for it: the result, plus known entities that still match the predicate
@@ -123,7 +123,7 @@ class Answers:
 
     async def update(
         self,
-        standing: Standing,
+        standing: ServedQuery,
         changes: list[EntityChange],
         echoed: Collection[int],
         *,
@@ -160,7 +160,7 @@ class Answers:
             deltas.extend(await self._refill(standing, ranked))
         return deltas
 
-    def _placed(self, standing: Standing, changes: list[EntityChange]) -> set[EntityId] | None:
+    def _placed(self, standing: ServedQuery, changes: list[EntityChange]) -> set[EntityId] | None:
         """A LIMIT query's result after ``changes``, placed from its ranks (``None``: only
         storage can rank them; see :mod:`mycelia.node.ranks`)."""
         ranks, standing.ranks = standing.ranks, None  # back once every change is placed
@@ -178,7 +178,7 @@ class Answers:
         standing.ranks = ranks
         return set(ranks.members())
 
-    async def _rank(self, standing: Standing, lane: asyncio.Lock) -> list[StoredState]:
+    async def _rank(self, standing: ServedQuery, lane: asyncio.Lock) -> list[StoredState]:
         """The rows of a query's result the peer may read, from storage. A LIMIT result
         is kept as ``standing.ranks`` when policy hides none of its rows (a hidden row
         among them: every change is ranked by storage)."""
@@ -197,7 +197,7 @@ class Answers:
             standing.ranks = Ranks(limit, ranked)
         return readable
 
-    async def _refill(self, standing: Standing, ranked: set[EntityId]) -> list[Delta]:
+    async def _refill(self, standing: ServedQuery, ranked: set[EntityId]) -> list[Delta]:
         """Rows that entered a LIMIT result because others left it."""
         deltas = []
         for entity_id in ranked - set(standing.sent):
@@ -211,7 +211,7 @@ class Answers:
         return deltas
 
     async def _delta_for_change(
-        self, standing: Standing, change: EntityChange, *, member: bool, echo: bool = False
+        self, standing: ServedQuery, change: EntityChange, *, member: bool, echo: bool = False
     ) -> Delta | None:
         entity_id = change.after.entity_id
         held = standing.sent.get(entity_id)
@@ -239,7 +239,7 @@ class Answers:
             standing.sent.pop(entity_id, None)
         return delta
 
-    def _member(self, standing: Standing, snapshot: Snapshot) -> bool:
+    def _member(self, standing: ServedQuery, snapshot: Snapshot) -> bool:
         return (
             not snapshot.deleted
             and self._selects(standing, snapshot)
@@ -247,7 +247,7 @@ class Answers:
         )
 
     @staticmethod
-    def _selects(standing: Standing, snapshot: Snapshot) -> bool:
+    def _selects(standing: ServedQuery, snapshot: Snapshot) -> bool:
         """Whether the query's predicate selects the entity's values (policy aside)."""
         return (standing.predicate or compile_predicate(standing.query.predicate))(snapshot.values)
 
