@@ -311,7 +311,7 @@ class ConnectTimeout(ProtocolError, TimeoutError):
 
     The message names the connection's state and the last attempt's cause (connection
     refused, DNS, TLS, protocol version, handshake); ``state`` is the
-    :class:`~mycelia.node.upstream.ConnectionState` value and ``cause`` the last error (also
+    :class:`~mycelia.node.link.ConnectionState` value and ``cause`` the last error (also
     chained as ``__cause__``). The connection keeps trying after it is raised.
     """
 

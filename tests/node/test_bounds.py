@@ -21,9 +21,9 @@ from mycelia.entity.residents import resident_size
 from mycelia.errors import ConnectionClosed, Overloaded
 from mycelia.node.budget import Bounds, InFlight, Outgoing, Pool
 from mycelia.node.connections import BoundedConnection, Partial
+from mycelia.node.link import ConnectionState
 from mycelia.node.peer import PeerConnection
 from mycelia.node.transport import Transport, memory_pair
-from mycelia.node.upstream import ConnectionState
 from mycelia.proto.messages import Message, decode_frame, peek
 from mycelia.proto.peering import DeltasPage, DeltasResponse, GetRequest, SubscribeRequest
 from mycelia.storage import LmdbStorage, MemoryStorage

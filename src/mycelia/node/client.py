@@ -5,7 +5,7 @@ backoff until it is closed, and carries requests; each session it opens is a
 :class:`~mycelia.node.peer.PeerConnection` over a fresh transport, which the node's
 upstream prepares (system joined, owed commits pushed, subscriptions re-established)
 before the link turns READY. The state itself lives in the node's
-:class:`~mycelia.node.upstream.Link`, the one place that defines it; a connection shows it:
+:class:`~mycelia.node.link.Link`, the one place that defines it; a connection shows it:
 
 - :attr:`Connection.state`: CONNECTING (dialing, in the handshake, or preparing the
   session), READY, DISCONNECTED (between attempts), CLOSED (closed, or refused for good);
@@ -49,11 +49,11 @@ from mycelia.errors import (
     RequestTimeout,
 )
 from mycelia.node.failover import Failover
+from mycelia.node.link import ConnectionState, Link
 from mycelia.node.peer import PeerConnection
 from mycelia.node.ports import MakeRequest, Session
 from mycelia.node.progress import Slow
 from mycelia.node.transport import Transport, WebsocketTransport
-from mycelia.node.upstream import ConnectionState, Link
 from mycelia.proto import Limits
 from mycelia.proto.messages import Message
 

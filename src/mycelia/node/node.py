@@ -51,6 +51,7 @@ from mycelia.node.context import Context, ContextParts
 from mycelia.node.deltas import query_rows
 from mycelia.node.feed import FeedFollower, follows
 from mycelia.node.identity import KEY_META, NodeKey
+from mycelia.node.link import Link
 from mycelia.node.live import LiveParts
 from mycelia.node.outbox import Outbox
 from mycelia.node.peer import Identity, PeerConnection
@@ -61,7 +62,7 @@ from mycelia.node.reactor import Reactor
 from mycelia.node.serving import Responder
 from mycelia.node.transaction import TransactionParts
 from mycelia.node.transport import Transport
-from mycelia.node.upstream import Link, Upstream
+from mycelia.node.upstream import Upstream
 from mycelia.proto import (
     DEFAULT_LIMITS,
     SYSTEM_COLLECTION,

@@ -1,8 +1,8 @@
 """The upstream: the one owner of a node's durable peer (ARCHITECTURE.md §7).
 
 A node has one :class:`Upstream`; it talks to the durable peer only through its
-:class:`Link`, which holds the current session and the one definition of connection
-state and readiness (:class:`ConnectionState`). A
+:class:`~mycelia.node.link.Link`, which holds the current session and the one definition
+of connection state and readiness (:class:`~mycelia.node.link.ConnectionState`). A
 :class:`~mycelia.node.client.Connection` dials and redials; for each session it opens,
 the upstream **prepares** it before the link turns READY:
 
@@ -16,7 +16,7 @@ the upstream **prepares** it before the link turns READY:
 It also reads through (``get``, ``fetch`` and ``trx.edit`` ask the peer first, unless the
 entity is held and kept current by a subscription), applies what the peer sends (states
 merged, events ingested, missing parents fetched), and answers the applier's requests for
-history this node does not hold (:meth:`Link.get_events`).
+history this node does not hold (:meth:`~mycelia.node.link.Link.get_events`).
 
 Offline (no session, or one not ready yet) everything answers from what is here. But a
 read-through whose request was sent and whose connection then closed raises
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Sequence
 from typing import Final, Protocol, TypeVar, runtime_checkable
@@ -46,15 +45,15 @@ from mycelia.errors import (
     LineageError,
     MyceliaError,
     NotConnected,
-    ProtocolError,
     RequestTimeout,
     RetrievalError,
     remote,
 )
 from mycelia.node.commits import CommitPipeline
 from mycelia.node.deltas import query_rows
+from mycelia.node.link import Link
 from mycelia.node.ports import MakeRequest, Session, Standing
-from mycelia.proto import AdmittedEvent, Clock, EntityId, Event, EventId
+from mycelia.proto import Clock, EntityId, Event, EventId
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
     Delta,
@@ -74,7 +73,7 @@ from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState
 from mycelia.storage import StorageEngine
 
-__all__ = ["MAX_FETCH_ROUNDS", "ConnectionState", "Ends", "Link", "Upstream"]
+__all__ = ["MAX_FETCH_ROUNDS", "Ends", "Upstream"]
 
 log = logging.getLogger(__name__)
 
@@ -91,105 +90,6 @@ class Ends(Protocol):
     def end(self, error: MyceliaError) -> None:
         """The peer will push nothing more for it: ``error`` says why."""
         ...
-
-
-class ConnectionState(enum.Enum):
-    """Where a node stands with its durable peer."""
-
-    CONNECTING = "connecting"
-    """Dialing, in the handshake, or preparing the session."""
-    READY = "ready"
-    """Connected, system joined, owed commits pushed, subscriptions re-established."""
-    DISCONNECTED = "disconnected"
-    """Between attempts (the last error is in :attr:`Link.error`)."""
-    CLOSED = "closed"
-
-
-class Link:
-    """The current session with the durable peer and the connection state (one place).
-
-    ``error`` is why the last session ended or the last attempt failed. A link that the
-    peer refused for good (:meth:`refuse`: a policy or token refusal, another system) is
-    CLOSED with that refusal in ``refusal``, and every wait raises it.
-    """
-
-    def __init__(self) -> None:
-        self.state = ConnectionState.CONNECTING  # a link exists to be connected
-        self.error: BaseException | None = None
-        self.refusal: MyceliaError | None = None
-        """Why the peer will never take this node, once it said so (the link is CLOSED)."""
-        self.session: Session | None = None
-        """The open session (handshake done), READY or still being prepared."""
-        self._changed = asyncio.Condition()
-
-    @property
-    def ready(self) -> bool:
-        """Whether the durable peer is connected and the session prepared."""
-        return self.state is ConnectionState.READY
-
-    async def set_state(self, state: ConnectionState) -> None:
-        """Move to ``state`` (CLOSED is final) and wake the waiters."""
-        async with self._changed:
-            if self.state is not ConnectionState.CLOSED:
-                self.state = state
-            self._changed.notify_all()
-
-    async def refuse(self, refusal: MyceliaError) -> None:
-        """The peer refused this node for good: CLOSED, and every wait raises ``refusal``."""
-        self.error = self.refusal = refusal
-        await self.set_state(ConnectionState.CLOSED)
-
-    def reopen(self) -> None:
-        """Make a CLOSED link usable by a new connection (``connect`` again, e.g. with a
-        new token after a refusal)."""
-        if self.state is ConnectionState.CLOSED:
-            self.state = ConnectionState.CONNECTING
-            self.error = self.refusal = None
-
-    async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until READY; raises TimeoutError after ``timeout``, the refusal if the peer
-        refused this node, ConnectionClosed if the link is closed first."""
-        await self.wait_state(ConnectionState.READY, timeout, closed_raises=True)
-
-    async def wait_state(
-        self, state: ConnectionState, timeout: float | None = None, *, closed_raises: bool = False
-    ) -> None:
-        """Wait until the link is in ``state``; raises as :meth:`wait_ready` does."""
-
-        def reached() -> bool:
-            return self.state is state or self.state is ConnectionState.CLOSED
-
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(reached)
-        if self.state is not state and (closed_raises or state is not ConnectionState.CLOSED):
-            if self.refusal is not None:
-                raise self.refusal
-            raise ConnectionClosed("the connection to the durable peer was closed")
-
-    async def request(
-        self, make: MakeRequest, *, expect: type[M], timeout: float | None = None
-    ) -> M:
-        """A request over the open session; raises ConnectionClosed when there is none."""
-        session = self.session
-        if session is None:
-            raise NotConnected("not connected to the durable peer")
-        return await session.request(make, expect=expect, timeout=timeout)
-
-    async def get_events(self, ids: Sequence[EventId], ahead: int) -> list[AdmittedEvent]:
-        """History from the durable peer (nothing when it is unreachable or refuses): the
-        applier's remote source (ARCHITECTURE.md §4, the cached getter)."""
-        wanted = tuple(ids)
-        try:
-            response = await self.request(
-                lambda rid: GetEventsRequest(rid, wanted, ahead), expect=EventsResponse
-            )
-        except (ConnectionClosed, RequestTimeout, ProtocolError) as exc:
-            log.info("could not fetch %d events from the durable peer: %s", len(wanted), exc)
-            return []
-        if len(response.generations) != len(response.events):
-            return []
-        pairs = zip(response.events, response.generations, strict=True)
-        return [AdmittedEvent(e, g) for e, g in pairs]
 
 
 class Upstream:

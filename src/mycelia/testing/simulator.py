@@ -41,8 +41,8 @@ from typing import Final
 from mycelia.entity.model import Model
 from mycelia.errors import ConnectionClosed, EntityNotFound, MyceliaError
 from mycelia.node import Node, Transaction
+from mycelia.node.link import ConnectionState
 from mycelia.node.transport import Transport
-from mycelia.node.upstream import ConnectionState
 from mycelia.proto import Event, EventId
 from mycelia.storage import MemoryStorage
 from mycelia.testing.actions import (
