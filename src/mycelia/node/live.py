@@ -42,11 +42,7 @@ from mycelia.node.ports import Follow, Watch
 from mycelia.node.progress import Slow
 from mycelia.node.ranks import Ranks
 from mycelia.proto import EntityId, EntityState
-from mycelia.proto.query import (
-    Query,
-    order_key,
-    parse,
-)
+from mycelia.proto.query import Query, order_key, parse
 from mycelia.proto.query.compile import compile_predicate
 from mycelia.retrieval import StoredState
 

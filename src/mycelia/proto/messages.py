@@ -111,13 +111,12 @@ def peek(frame: bytes) -> tuple[int | None, int | None]:
     if array is None:
         return None, None
     length, at = array
-    tag = _int_at(frame, at)
-    if tag is None:
+    read = _int_at(frame, at)
+    if read is None:
         return None, None
-    if length < 2:
-        return tag[0], None
-    first = _int_at(frame, tag[1])
-    return tag[0], None if first is None else first[0]
+    tag, at = read
+    first = _int_at(frame, at) if length >= 2 else None
+    return tag, None if first is None else first[0]
 
 
 def _array_body(frame: bytes) -> tuple[int, int] | None:
