@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import mycelia
+from benches.bench_entity import build_ops, spots
 from benches.harness import QUICK, Table, fmt_time, options, verdict
 from mycelia import EntityId, Model, Node, Text
 from mycelia.storage import MemoryStorage
@@ -238,6 +239,46 @@ async def trace(url: str, ops: int) -> float:
     return elapsed
 
 
+async def one_char_remote(
+    url: str, long: int, *, typist: bool, rounds: int = 5, count: int = 40
+) -> dict[int, float]:
+    """Median seconds from a one-character transaction on A (awaited until the server took
+    it) to B's live query showing it, on a 1,000-char and a ``long`` text built as
+    ``bench_entity`` builds them (small inserts, 100 per transaction), sizes interleaved."""
+    a, b = await client(url), await client(url)
+    docs: dict[int, EntityId] = {}
+    for n in (1_000, long):
+        async with a.context().transaction() as trx:
+            docs[n] = trx.create(Doc, body="").id
+        ops = build_ops(n, n, typist=typist)
+        for i in range(0, len(ops), 100):
+            async with a.context().transaction() as trx:
+                body = (await trx.edit(Doc, docs[n])).body
+                for pos, piece in ops[i : i + 100]:
+                    body.insert(pos, piece)
+    samples: dict[int, list[float]] = {n: [] for n in docs}
+    async with b.context().query(Doc, "") as live:
+        changes = aiter(live)
+        lengths = {v.id: len(v.body) for v in (await anext(changes)).initial}
+        for r in range(rounds):
+            for n, entity in docs.items():
+                while lengths.get(entity, 0) < n:  # B holds what A built
+                    change = await anext(changes)
+                    lengths.update((v.id, len(v.body)) for v in change.added + change.updated)
+                for pos in spots(lengths[entity], count, r, typist=typist):
+                    start = time.perf_counter()
+                    async with a.context().transaction() as trx:
+                        (await trx.edit(Doc, entity)).body.insert(pos, "x")
+                    target = lengths[entity] + 1
+                    while lengths[entity] < target:
+                        change = await anext(changes)
+                        lengths.update((v.id, len(v.body)) for v in change.added + change.updated)
+                    samples[n].append(time.perf_counter() - start)
+    await a.close()
+    await b.close()
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
 async def run(memory: bool, quick: bool) -> None:
     with tempfile.TemporaryDirectory() as data:
         await _run(memory, quick, data)
@@ -290,6 +331,20 @@ async def _run(memory: bool, quick: bool, data: str) -> None:
                 verdict(rate >= 2000),
             ]
         )
+        long = 20_000 if quick else 120_000
+        for typist in (False, True):
+            cost = await one_char_remote(url, long, typist=typist)
+            how = "typed at a cursor" if typist else "inserted at random places"
+            ratio = cost[long] / cost[1_000]
+            rows.append(
+                [
+                    f"one-char txn A → B, {long:,} vs 1,000 chars {how}",
+                    f"{fmt_time(cost[long])} vs {fmt_time(cost[1_000])}",
+                    "—",
+                    "≤ 1.5x",
+                    verdict(ratio <= 1.5) + f" ({ratio:.2f}x)",
+                ]
+            )
         ops = 5_000 if quick else 50_000
         t = await trace(url, ops)
         rows.append(

@@ -13,6 +13,7 @@ from mycelia.errors import StorageCorrupt, StorageError, StorageLocked, StorageR
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import DumpRecord, EntityRecord
 from mycelia.storage.lmdb import LARGE_READ, LmdbStorage
+from mycelia.storage.lmdb_format import FORMAT_VERSION
 from mycelia.storage.testing import History, genesis, state_of, update
 
 
@@ -112,6 +113,35 @@ async def test_another_layout_version_is_refused(tmp_path: Path) -> None:
     env.close()
     with pytest.raises(StorageCorrupt, match="layout version"):
         LmdbStorage(tmp_path / "s")
+
+
+def _format_of(path: Path) -> bytes | None:
+    env = lmdb.open(str(path), max_dbs=8, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            value = txn.get(b"format", db=env.open_db(b"engine", txn=txn))
+            return None if value is None else bytes(value)
+    finally:
+        env.close()
+
+
+async def test_layout_2_is_read_as_it_is_and_bumped_by_a_writable_open(tmp_path: Path) -> None:
+    h = History.make()
+    storage = LmdbStorage(tmp_path / "s")
+    await storage.write(WriteBatch(tuple(h.events), (state_of([h.m]),)))
+    await storage.close()
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
+    with env.begin(write=True) as txn:  # as a store written before text parts (layout 2)
+        txn.put(b"format", b"2", db=env.open_db(b"engine", txn=txn))
+    env.close()
+    reader = LmdbStorage(tmp_path / "s", readonly=True)
+    try:
+        assert await reader.get_state(h.entity_id) == state_of([h.m]).state
+    finally:
+        await reader.close()
+    assert _format_of(tmp_path / "s") == b"2", "a read-only open changed nothing"
+    await LmdbStorage(tmp_path / "s").close()
+    assert _format_of(tmp_path / "s") == FORMAT_VERSION == b"3"
 
 
 async def test_a_damaged_event_is_reported_corrupt_not_returned(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ The merge logic is pure and synchronous; the applier reaches storage only throug
 """
 
 from mycelia.entity.values import check_value, decode_value, encode_value  # noqa: I001 - first: no cycles
-from mycelia.entity.entity import DELETED, Entity, Snapshot
+from mycelia.entity.entity import DELETED, Entity, Snapshot, stored_merge
 from mycelia.entity.runs import EntityChange, EventCheck, ForkBase, IngestResult
 from mycelia.entity.applier import Applier
 from mycelia.entity.pending import PendingPool
@@ -28,4 +28,5 @@ __all__ = [
     "check_value",
     "decode_value",
     "encode_value",
+    "stored_merge",
 ]

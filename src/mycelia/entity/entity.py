@@ -35,9 +35,20 @@ from types import MappingProxyType
 from typing import Final
 
 from mycelia.entity.backends import Backend, ClientIds, LwwBackend, OpaqueBackend, TextBackend
-from mycelia.proto import AdmittedEvent, Clock, Deferred, EntityId, EntityState, EventId, State
+from mycelia.entity.backends.text import merge_parts
+from mycelia.errors import DecodeError
+from mycelia.proto import (
+    AdmittedEvent,
+    Buffer,
+    Clock,
+    Deferred,
+    EntityId,
+    EntityState,
+    EventId,
+    State,
+)
 
-__all__ = ["BOUNDARY", "DELETED", "KNOWN_BACKENDS", "Entity", "Snapshot"]
+__all__ = ["BOUNDARY", "DELETED", "KNOWN_BACKENDS", "Entity", "Snapshot", "stored_merge"]
 
 BOUNDARY: Final = 64
 """Merged snapshots' tips an entity remembers (see ``boundary`` in the module)."""
@@ -120,7 +131,9 @@ class Entity:
     def from_state(cls, stored: EntityState, *, text_ids: ClientIds | None = None) -> Entity:
         """Materialise a stored state (its text draws from ``text_ids``; replica text
         without); raises DecodeError on a malformed buffer."""
-        backends = {name: _backend(name, text_ids, buffer) for name, buffer in stored.state.buffers}
+        backends = {
+            name: _backend(name, text_ids, buffer) for name, buffer in stored.state.lazy_buffers()
+        }
         head = stored.state.head_generations()
         return cls(stored.entity_id, stored.collection, head, backends, text_ids=text_ids)
 
@@ -314,6 +327,21 @@ class Entity:
             out.update(backend.values())
         return out
 
+    def sizing_values(self) -> tuple[list[object], int]:
+        """What a size estimate reads: every value that is cheap to read, and the length of
+        the texts that are not (a text read after a remote update costs O(document))."""
+        snapshot = self._snapshot
+        if snapshot is not None:
+            return list(snapshot.values.values()), 0
+        values: list[object] = []
+        chars = 0
+        for backend in self._backends.values():
+            if type(backend) is TextBackend:
+                chars += backend.length()
+            else:
+                values.extend(backend.values().values())
+        return values, chars
+
     def snapshot(self) -> Snapshot:
         """A frozen view of the entity now (cached until the entity changes)."""
         snapshot = self._snapshot
@@ -330,11 +358,26 @@ def _buffer(backend: Backend) -> bytes | Deferred:
     return backend.to_state()
 
 
-def _backend(name: str, text_ids: ClientIds | None, buffer: bytes | None = None) -> Backend:
-    """A backend called ``name``: empty, or rebuilt from ``buffer`` (DecodeError if bad)."""
+def _backend(name: str, text_ids: ClientIds | None, buffer: Buffer | None = None) -> Backend:
+    """A backend called ``name``: empty, or rebuilt from ``buffer`` (from a text buffer's
+    parts when it has them and is not computed yet; DecodeError if bad)."""
     if name == TextBackend.name:
         if buffer is None:
             return TextBackend.empty(text_ids)
-        return TextBackend.from_state(buffer, text_ids)
+        if type(buffer) is Deferred:
+            if buffer.parts and not buffer.ready:
+                return TextBackend.from_parts(buffer.parts, text_ids)
+            buffer = buffer.get()
+        return TextBackend.from_state(buffer, text_ids)  # type: ignore[arg-type]  # bytes now
+    if type(buffer) is Deferred:
+        buffer = buffer.get()
     cls = KNOWN_BACKENDS.get(name, OpaqueBackend)
-    return cls.empty() if buffer is None else cls.from_state(buffer)
+    return cls.empty() if buffer is None else cls.from_state(buffer)  # type: ignore[arg-type]
+
+
+def stored_merge(name: str, parts: tuple[bytes, ...]) -> bytes:
+    """A stored buffer given as parts, merged (:data:`mycelia.proto.state.Merge`): only a
+    text's are; DecodeError for another backend's or a malformed part."""
+    if name != TextBackend.name:
+        raise DecodeError(f"a stored {name!r} buffer is given as parts: only text's can be")
+    return merge_parts(parts)

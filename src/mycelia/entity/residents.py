@@ -109,9 +109,11 @@ class Residents:
 
 def resident_size(entity: Entity) -> int:
     """An estimate of the memory ``entity`` holds: its values (decoded, and again as their
-    encoded form and backend state), plus a fixed overhead."""
-    total = 0
-    for value in entity.snapshot().values.values():  # the common kinds inline: every put
+    encoded form and backend state), plus a fixed overhead. Texts count their length, so
+    this never reads one (O(document)): every put estimates."""
+    values, chars = entity.sizing_values()
+    total = chars
+    for value in values:  # the common kinds inline: every put
         kind = type(value)
         if kind is str or kind is bytes:
             total += 48 + len(value)  # type: ignore[arg-type]  # str or bytes (checked)

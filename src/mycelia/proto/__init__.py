@@ -13,7 +13,7 @@ from mycelia.proto.event import (
 )
 from mycelia.proto.ids import EntityId, EventId, NodeId
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
-from mycelia.proto.state import Attested, Deferred, EntityState, State
+from mycelia.proto.state import Attested, Buffer, Deferred, EntityState, Merge, State
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -21,6 +21,7 @@ __all__ = [
     "SYSTEM_COLLECTION",
     "AdmittedEvent",
     "Attested",
+    "Buffer",
     "Clock",
     "Deferred",
     "EntityId",
@@ -28,6 +29,7 @@ __all__ = [
     "Event",
     "EventId",
     "Limits",
+    "Merge",
     "NodeId",
     "Operations",
     "State",

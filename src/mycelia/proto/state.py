@@ -30,7 +30,7 @@ from mycelia.proto.codec import (
 from mycelia.proto.ids import ID_LENGTH, EntityId, EventId
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["Attested", "Buffer", "Deferred", "EntityState", "State"]
+__all__ = ["Attested", "Buffer", "Deferred", "EntityState", "Merge", "State"]
 
 T = TypeVar("T")
 
@@ -42,14 +42,25 @@ class Deferred:
     ``estimate``, when given, is about the buffer's size, for a cheap size check that need
     not compute it (:meth:`EntityState.wire_size` with ``estimate=True``): the bytes of
     the parts ``make`` merges, which a merge's re-encoding exceeds by a few dozen bytes at
-    most."""
+    most.
 
-    __slots__ = ("_make", "_value", "estimate")
+    ``parts``, when given, are what ``make`` merges: a base (``b""`` for none) and the
+    updates since, which a durable engine stores instead of computing the buffer
+    (:meth:`EntityState.to_stored`), and a reader can rebuild the backend from."""
 
-    def __init__(self, make: Callable[[], bytes], *, estimate: int | None = None) -> None:
+    __slots__ = ("_make", "_value", "estimate", "parts")
+
+    def __init__(
+        self,
+        make: Callable[[], bytes],
+        *,
+        estimate: int | None = None,
+        parts: tuple[bytes, ...] | None = None,
+    ) -> None:
         self._make: Callable[[], bytes] | None = make
         self._value = b""
         self.estimate = estimate
+        self.parts = parts
 
     def get(self) -> bytes:
         """The buffer (computed on the first call)."""
@@ -116,6 +127,11 @@ class State:
             object.__setattr__(self, "_buffers", buffers)
             object.__setattr__(self, "_parts", None)
         return buffers
+
+    def lazy_buffers(self) -> tuple[tuple[str, Buffer], ...]:
+        """Per backend (sorted by name), its buffer as given: bytes, or a
+        :class:`Deferred` not computed yet (computing none)."""
+        return self._buffers or self._parts or ()
 
     def backend_names(self) -> tuple[str, ...]:
         """The backends' names, sorted (computing no buffer)."""
@@ -186,9 +202,25 @@ class State:
         """The positional form used inside messages and :class:`EntityState`."""
         return [list(self.head.ids), list(self.generations), [list(b) for b in self.buffers]]
 
+    def to_stored(self) -> list[object]:
+        """:meth:`to_wire`, except that a buffer not computed yet whose :class:`Deferred`
+        knows its parts is given as the list of them (a storage form, never sent)."""
+        buffers: list[object] = []
+        for name, buf in self.lazy_buffers():
+            if isinstance(buf, Deferred):
+                parts = buf.parts
+                buffers.append([name, list(parts) if parts and not buf.ready else buf.get()])
+            else:
+                buffers.append([name, buf])
+        return [list(self.head.ids), list(self.generations), buffers]
+
     @classmethod
-    def from_wire(cls, obj: object, *, limits: Limits = DEFAULT_LIMITS) -> State:
-        """Decode :meth:`to_wire`; raises DecodeError on any malformed field."""
+    def from_wire(
+        cls, obj: object, *, limits: Limits = DEFAULT_LIMITS, merge: Merge | None = None
+    ) -> State:
+        """Decode :meth:`to_wire` (and, given ``merge``, :meth:`to_stored`: a buffer given
+        as parts becomes a :class:`Deferred` of ``merge(backend, parts)``); raises
+        DecodeError on any malformed field."""
         head_raw, gens_raw, bufs_raw = expect_list(obj, "state", length=3)
         ids = expect_list(head_raw, "state head", max_len=limits.max_clock_width)
         gens = expect_list(gens_raw, "state generations", length=len(ids))
@@ -198,14 +230,29 @@ class State:
             )
             for i, g in zip(ids, gens, strict=True)
         }
-        buffers: dict[str, bytes] = {}
+        buffers: dict[str, Buffer] = {}
         for item in expect_list(bufs_raw, "state buffers", max_len=64):
             name_raw, buf = expect_list(item, "state buffer", length=2)
             name = expect_name(name_raw, "backend name", limits=limits)
             if name in buffers:
                 raise DecodeError(f"state has two buffers for backend {name!r}")
-            buffers[name] = expect_bytes(buf, f"buffer of {name}")
+            if merge is not None and isinstance(buf, list):
+                buffers[name] = _stored_parts(name, buf, merge)
+            else:
+                buffers[name] = expect_bytes(buf, f"buffer of {name}")
         return cls.of(head=pairs, buffers=buffers)
+
+
+Merge = Callable[[str, tuple[bytes, ...]], bytes]
+"""How a reader of stored states merges a buffer's parts: (backend name, parts) → buffer;
+raises DecodeError for a backend whose buffers have no parts."""
+
+
+def _stored_parts(name: str, raw: list[object], merge: Merge) -> Deferred:
+    parts = tuple(expect_bytes(p, f"a part of the buffer of {name}") for p in raw)
+    if not parts:
+        raise DecodeError(f"the buffer of {name} is stored as no parts")
+    return Deferred(lambda: merge(name, parts), estimate=sum(len(p) for p in parts), parts=parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,16 +268,25 @@ class EntityState:
         return [self.entity_id, self.collection, self.state.to_wire()]
 
     @classmethod
-    def from_wire(cls, obj: object, *, limits: Limits = DEFAULT_LIMITS) -> EntityState:
-        """Decode :meth:`to_wire`; raises DecodeError on any malformed field."""
+    def from_wire(
+        cls, obj: object, *, limits: Limits = DEFAULT_LIMITS, merge: Merge | None = None
+    ) -> EntityState:
+        """Decode :meth:`to_wire` (and :meth:`to_stored` given ``merge``, see
+        :meth:`State.from_wire`); raises DecodeError on any malformed field."""
         entity_raw, collection, state = expect_list(obj, "entity state", length=3)
         entity = EntityId._trusted(expect_bytes(entity_raw, "entity id", length=ID_LENGTH))
         name = expect_name(collection, "collection", limits=limits)
-        return cls(entity, name, State.from_wire(state, limits=limits))
+        return cls(entity, name, State.from_wire(state, limits=limits, merge=merge))
 
     def to_bytes(self) -> bytes:
         """Canonical bytes of this state."""
         return pack(self.to_wire())
+
+    def to_stored(self) -> bytes:
+        """The bytes a durable engine stores (:meth:`State.to_stored`: a buffer not
+        computed yet may be its parts, so a write need not compute it); read them back with
+        :meth:`from_bytes` given a ``merge``."""
+        return pack([self.entity_id, self.collection, self.state.to_stored()])
 
     def wire_size(self, *, estimate: bool = False) -> int:
         """An upper bound of ``len(self.to_bytes())``, without encoding (msgpack adds at
@@ -248,9 +304,12 @@ class EntityState:
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> EntityState:
-        """Decode :meth:`to_bytes`."""
-        return cls.from_wire(unpack(data, limits=limits, what="entity state"), limits=limits)
+    def from_bytes(
+        cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS, merge: Merge | None = None
+    ) -> EntityState:
+        """Decode :meth:`to_bytes` (and :meth:`to_stored` given ``merge``)."""
+        obj = unpack(data, limits=limits, what="entity state")
+        return cls.from_wire(obj, limits=limits, merge=merge)
 
 
 @dataclass(frozen=True, slots=True)

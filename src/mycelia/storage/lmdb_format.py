@@ -21,8 +21,10 @@ database            key                                          value
 Invariants:
 
 - The format version is written once and checked on every open. Version 1 (no
-  ``by_field``) is migrated to 2 by a writable open, in one write transaction that builds
-  the field index from the stored states; a read-only open of version 1 is refused.
+  ``by_field``) is migrated by a writable open, in one write transaction that builds the
+  field index from the stored states; a read-only open of version 1 is refused. Version 2
+  reads as 3 does (3 only adds a form of text buffer, its parts): a writable open bumps
+  it, a read-only one reads it as it is.
 - A process holds ``mycelia.lock`` (``flock``) while the store is open, so a second opener
   gets :class:`~mycelia.errors.StorageLocked` at once; the lock dies with the process. A
   read-only open takes it shared, and creates nothing: on a store directory that holds
@@ -54,6 +56,7 @@ from typing import TYPE_CHECKING, Final
 
 import lmdb
 
+from mycelia.entity import stored_merge
 from mycelia.errors import (
     DecodeError,
     StorageCorrupt,
@@ -88,9 +91,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION: Final = b"2"
-"""The on-disk layout version (2 added ``by_field``)."""
+FORMAT_VERSION: Final = b"3"
+"""The on-disk layout version (2 added ``by_field``; 3 lets a text state's buffer be stored
+as its parts, :meth:`~mycelia.proto.EntityState.to_stored`)."""
 _MIGRATABLE: Final = b"1"
+_READABLE: Final = b"2"
+"""A version this one reads as it is (a writable open bumps it; a read-only one reads it)."""
 NAMES: Final = (
     b"events", b"by_entity", b"states", b"by_collection", b"by_field", b"feed", b"meta",
     b"engine",
@@ -300,7 +306,9 @@ def open_databases(
                 f"{path} has layout version 1: open it writable once to migrate it to "
                 f"{FORMAT_VERSION.decode()}"
             )
-        if found != FORMAT_VERSION and (readonly or found not in (None, _MIGRATABLE)):
+        if found not in (FORMAT_VERSION, _READABLE) and (
+            readonly or found not in (None, _MIGRATABLE)
+        ):
             raise StorageCorrupt(f"{path} has layout version {found!r}, not {FORMAT_VERSION!r}")
         dbs = {name: env.open_db(name, create=not readonly) for name in NAMES}
         if found != FORMAT_VERSION and not readonly:
@@ -338,7 +346,7 @@ def stored_state(value: bytes) -> EntityState:
     """Decode the state of a ``states`` value (length-prefixed, then the values)."""
     try:
         return EntityState.from_bytes(
-            value[4 : 4 + int.from_bytes(value[:4])], limits=STORED_LIMITS
+            value[4 : 4 + int.from_bytes(value[:4])], limits=STORED_LIMITS, merge=stored_merge
         )
     except DecodeError as exc:
         raise StorageCorrupt(f"a stored state is damaged: {exc}") from exc

@@ -123,7 +123,7 @@ def encode_batch(batch: WriteBatch) -> Encoded:
         state = stored.state
         if not isinstance(state, EntityState):
             raise StorageError("a write batch holds something that is not a state")
-        raw = state.to_bytes()
+        raw = state.to_stored()
         value = len(raw).to_bytes(4, "big") + raw + encode_values(stored.values)
         entity = bytes(state.entity_id)
         feed = encode_feed(state.entity_id, state.collection, state.state.head)

@@ -25,7 +25,8 @@ Schema (all tables in the PostgreSQL schema named by ``schema=``, default ``myce
   ``(collection, field, key, entity_id)`` serves ``fetch``;
 - ``meta(key PK, value)``; ``version(version)``: the schema version (2 added
   ``field_keys``; migrating to it indexes every stored state; 3 added ``node_keys``; 4 the
-  states' ``head`` and the function ``write_batch``);
+  states' ``head`` and the function ``write_batch``; 5 has it queue for the feed lock; 6
+  lets a text state be stored as its parts, see ``EntityState.to_stored``);
 - ``node_keys(name PK, key)`` — node keys kept per node name (:meth:`PostgresStorage.node_key`),
   for server processes that keep nothing on their disk. They are not part of a dump.
 

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from mycelia.entity import stored_merge
 from mycelia.errors import DecodeError, StorageCorrupt, StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
 from mycelia.proto.query import Query, encode_key, evaluate, sort_rows
@@ -121,17 +122,24 @@ _V5_WRITE: Final = _V4_WRITE.replace(
 )
 """``write_batch`` queueing for the feed lock (the ``feed_lock`` statement) just before
 the feed clock's row."""
+_V6: Final = (
+    "COMMENT ON COLUMN {s}.states.state IS 'EntityState.to_stored(): a text buffer may be "
+    "its parts (schema version 6)'"
+)
 MIGRATIONS: Final = (
     tuple(_V1.split(";")),
     tuple(_V2.split(";")),
     (_V3,),
     (_V4_HEAD, _V4_WRITE),
     (_V5_WRITE,),
+    (_V6,),
 )
 """Migration *n* (1-based) brings the schema from version n-1 to n: its statements, in
 order. Version 4 added the states' ``head`` column (NULL until the state is written again)
 and ``write_batch``, a whole write in one statement (see ``write_batch`` below); version 5
-has ``write_batch`` queue for the feed lock (``feed_lock`` below)."""
+has ``write_batch`` queue for the feed lock (``feed_lock`` below); version 6 lets a text
+state's buffer be stored as its parts (:meth:`~mycelia.proto.EntityState.to_stored`), which
+an older engine cannot read: the version makes it refuse the database instead."""
 HEAD_MOVED: Final = "MYC01"
 """The SQLSTATE ``write_batch`` raises when a stored head is not the batch's base."""
 SCHEMA_VERSION: Final = len(MIGRATIONS)
@@ -293,7 +301,7 @@ def admitted(row: Sequence[Any]) -> AdmittedEvent:
 def decode_state(raw: bytes) -> EntityState:
     """Decode a stored state; raises StorageCorrupt."""
     try:
-        return EntityState.from_bytes(raw, limits=STORED_LIMITS)
+        return EntityState.from_bytes(raw, limits=STORED_LIMITS, merge=stored_merge)
     except DecodeError as exc:
         raise StorageCorrupt(f"a stored state is damaged: {exc}") from exc
 
@@ -377,4 +385,4 @@ def state_row(stored: StoredState) -> StateRow:
     head = b"".join(state.state.head.ids)
     entity = bytes(state.entity_id)
     entries = index_entries(stored.values)
-    return (entity, state.collection, state.to_bytes(), raw, projection, head, entries)
+    return (entity, state.collection, state.to_stored(), raw, projection, head, entries)

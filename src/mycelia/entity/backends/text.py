@@ -9,10 +9,12 @@ Invariants (ARCHITECTURE.md §5 "Text"):
   bytes even when a reused client id let Yrs squash blocks differently. Canonicalising
   costs O(document), so it is lazy: :meth:`TextBackend.deferred_state` returns a
   :class:`~mycelia.proto.Deferred` that computes it only when someone reads the buffer (a
-  durable engine's encoder, a snapshot for a peer, a dump, a comparison), from the live
-  document if nothing changed since, else from the updates logged since the last
-  canonical base. The log is compacted once it outweighs the base, so a write costs
-  O(diff) amortised.
+  snapshot for a peer, a dump, a comparison), from the live document if nothing changed
+  since, else from the updates logged since the last canonical base. Its parts are that
+  base and log, which a durable engine stores instead of the buffer, and
+  :meth:`TextBackend.from_parts` takes back as its base and log. The log is compacted once
+  it outweighs the base or holds :data:`LOG_PARTS` updates, so a write costs O(diff)
+  amortised.
 - Every cost of a small local transaction is O(diff): the resident takes its new texts from
   the fork that made the diff (when nothing else was applied between; otherwise, and for
   remote updates, a text is read again when next asked — O(document), as Yrs offers no
@@ -45,7 +47,7 @@ from pycrdt import Doc, Subscription, Text, Transaction, TransactionEvent, merge
 from mycelia.errors import DecodeError, TransactionError
 from mycelia.proto import AdmittedEvent, Deferred
 
-__all__ = ["REPLICA_CLIENT_ID", "ClientIds", "TextBackend", "canonical_update"]
+__all__ = ["REPLICA_CLIENT_ID", "ClientIds", "TextBackend", "canonical_update", "merge_parts"]
 
 REPLICA_CLIENT_ID: Final = 0
 """The Yrs client id of a replica document (it takes no local edits, so it mints no items;
@@ -57,6 +59,11 @@ CANON_CLIENT_ID: Final = 1
 COMPACT_MIN: Final = 64 * 1024
 """Logged update bytes tolerated before the log is folded into a new canonical base (at
 least the base's own size: compaction is then O(diff) amortised)."""
+
+LOG_PARTS: Final = 1024
+"""Logged updates tolerated before the log is folded, whatever their bytes: a durable
+engine stores the base and the log (:meth:`TextBackend.deferred_state`), and a reader
+applies each, so this bounds what reading a stored text costs beyond its bytes."""
 
 RETURNS_KEPT: Final = 4
 """Forks' documents a resident expects back at once (more concurrent forks just drop)."""
@@ -110,6 +117,16 @@ def canonical_update(updates: list[bytes]) -> bytes:
     scratch: Doc[Any] = Doc(client_id=CANON_CLIENT_ID)
     for update in updates:
         scratch.apply_update(update)
+    return _canonical(scratch)
+
+
+def merge_parts(parts: tuple[bytes, ...]) -> bytes:
+    """The canonical buffer of a stored text's parts (:meth:`TextBackend.from_parts`);
+    raises DecodeError if one is malformed."""
+    scratch: Doc[Any] = Doc(client_id=CANON_CLIENT_ID)
+    for part in parts:
+        if part:
+            _apply_update(scratch, part)
     return _canonical(scratch)
 
 
@@ -201,6 +218,20 @@ class TextBackend:
         _apply_update(doc, buffer)
         return cls(doc, buffer)
 
+    @classmethod
+    def from_parts(cls, parts: tuple[bytes, ...], ids: ClientIds | None = None) -> Self:
+        """Rebuild from a stored buffer's parts (a base, ``b""`` for none, then the updates
+        logged since: :meth:`deferred_state`), keeping them as this backend's base and log
+        so its next write stays O(diff); raises DecodeError if malformed."""
+        doc = _new_doc(ids)
+        for part in parts:
+            if part:
+                _apply_update(doc, part)
+        backend = cls(doc, parts[0] or None)
+        backend._log = list(parts[1:])
+        backend._log_bytes = sum(len(p) for p in backend._log)
+        return backend
+
     # -- state --------------------------------------------------------------------------
 
     def to_state(self) -> bytes:
@@ -230,7 +261,7 @@ class TextBackend:
             return canonical_update(updates)
 
         estimate = (0 if base is None else len(base)) + self._log_bytes
-        return Deferred(make, estimate=estimate)
+        return Deferred(make, estimate=estimate, parts=(base or b"", *log))
 
     def _fold(self, state: bytes) -> None:
         """Make ``state`` (canonical, of the document now) the base of an empty log."""
@@ -246,7 +277,7 @@ class TextBackend:
             return
         self._log.append(update)
         self._log_bytes += len(update)
-        if self._log_bytes > max(COMPACT_MIN, len(self._base or b"")):
+        if len(self._log) > LOG_PARTS or self._log_bytes > max(COMPACT_MIN, len(self._base or b"")):
             self.to_state()
 
     # -- applying -----------------------------------------------------------------------
@@ -462,6 +493,22 @@ class TextBackend:
                     continue
             out[key] = current
         return out
+
+    def length(self) -> int:
+        """The characters of every property's text, reading none (O(1) per text: what a
+        size estimate needs, where :meth:`values` costs O(document) after a remote update)."""
+        total = 0
+        texts = self._texts
+        for key in self._roots():
+            current = texts.get(key)
+            if current is not None:
+                total += len(current)
+                continue
+            try:
+                total += len(self._doc.get(key, type=Text))
+            except (TypeError, ValueError):
+                continue
+        return total
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TextBackend) and self.values() == other.values()
