@@ -17,7 +17,9 @@ import mycelia
 from mycelia import EntityId, Model, Node
 from mycelia.node.inprocess import InProcessServer
 from mycelia.node.live import ChangeSet, LiveQuery
+from mycelia.node.reactor import _Ranges
 from mycelia.storage import MemoryStorage
+from mycelia.storage.plan import KeyRange
 from tests.node.waiting import until
 
 
@@ -35,6 +37,11 @@ QUERIES = [
     ("n >= -1 ORDER BY n LIMIT 2", ()),
     ("tag = 'a' AND n > ?", (-5,)),  # pinned: indexed under tag = 'a'
     ("tag = 'b' ORDER BY n DESC LIMIT 2", ()),
+    ("n > ? AND n <= 2", (-2,)),  # ranged: indexed under the key range of n
+    ("n IN (0, 2) ORDER BY n", ()),
+    ("n < 2 AND tag > 'a' ORDER BY tag LIMIT 2", ()),
+    ("n >= 1 AND n < 1", ()),  # no key can match
+    ("tag >= 'b'", ()),
 ]
 
 values = st.fixed_dictionaries(
@@ -122,6 +129,55 @@ def test_local_live_queries_follow_every_commit(
                 await check(live, model, node, query[0], query[1], node)
 
     asyncio.run(run())
+
+
+@settings(max_examples=max(15, settings().max_examples // 6), deadline=None)
+@given(ops=operations)
+def test_every_live_query_open_at_once_follows_every_commit(
+    ops: list[tuple[str, object]],
+) -> None:
+    """All the shapes at once: the candidate index routes each change among them."""
+
+    async def run() -> None:
+        node = await Node.open(MemoryStorage(), durable=True)
+        await node.create_system()
+        ids: list[EntityId] = []
+        models: list[dict[EntityId, Item]] = [{} for _ in QUERIES]
+        lives = [node.context().query(Item, text, *args) for text, args in QUERIES]
+        for live in lives:
+            await live.__aenter__()
+        for op in ops:
+            await step(node, ids, op)
+            for live, model, (text, args) in zip(lives, models, QUERIES, strict=True):
+                await check(live, model, node, text, args, node)
+        for live in lives:
+            await live.close()
+
+    asyncio.run(run())
+
+
+@given(
+    ranges=st.lists(
+        st.tuples(st.binary(max_size=2), st.binary(max_size=2)), min_size=0, max_size=40
+    ),
+    key=st.binary(min_size=1, max_size=2),
+)
+def test_the_range_index_finds_exactly_the_ranges_holding_a_key(
+    ranges: list[tuple[bytes, bytes]], key: bytes
+) -> None:
+    index = _Ranges()
+    lives = [object() for _ in ranges]
+    for live, (low, high) in zip(lives, ranges, strict=True):
+        index.add(live, (KeyRange(low, high),))  # type: ignore[arg-type]  # any hashable
+    dropped = lives[::3]
+    for live in dropped:
+        index.remove(live)  # type: ignore[arg-type]
+    expected = [
+        live
+        for live, (low, high) in zip(lives, ranges, strict=True)
+        if live not in dropped and low <= key < high
+    ]
+    assert index.holding(key) == expected, "every holder, in registration order"
 
 
 @pytest.fixture

@@ -1,18 +1,28 @@
 """The reactor: the node's one change listener for live queries (ARCHITECTURE.md §8).
 
-Its **candidate index** maps (collection, field) to the queries whose predicate or ORDER
-BY reads that field, and each entity to the queries it belongs to, so a commit
-re-evaluates only the queries it can affect: a query is touched by a change when the
-entity is one of its members or a field it reads changed. A query that pins a field to a
-value (``group = ? AND ...``) is indexed under that (field, value) instead. The queries
-themselves (:class:`~mycelia.node.live.LiveQuery`) apply what they are given; the reactor
-only routes, through the :class:`~mycelia.node.ports.Standing` port.
+Its **candidate index** maps each entity to the queries it belongs to, and each query to
+what an entity outside it must now hold to join it, so a commit re-evaluates only the
+queries it can affect (O(affected queries × log n), not O(queries)):
+
+- a query that pins a field to a value (``group = ? AND ...``) is indexed under that
+  (field, value);
+- else a query whose top-level conjuncts restrict a field to key ranges (``x > ? AND
+  x <= ?``, ``x IN (...)``: the storage engines' index plan,
+  :func:`~mycelia.storage.plan.plan_query`) is indexed under those ranges of that field:
+  a non-member can join only if its new value's key lies in one, and a field the query
+  reads changed (or it was created);
+- else it is indexed under every field its predicate or ORDER BY reads.
+
+The queries themselves (:class:`~mycelia.node.live.LiveQuery`) apply what they are given;
+the reactor only routes, through the :class:`~mycelia.node.ports.Standing` port.
 
 Invariants:
 
 - A change reaches every query it can concern: a member's, a pinned query whose value
-  the entity now has, every unpinned query of the collection on a create, and every
-  query reading a changed field.
+  the entity now has, a ranged query whose ranges hold the entity's new key (on a create,
+  or when a field it reads changed), every other query of the collection on a create, and
+  every other query reading a changed field. (A ranged query's conjuncts on its field hold
+  exactly for the keys in its ranges, so an entity outside them cannot match it.)
 - Several changes of one entity in a batch reach a query as one, from the first
   ``before`` to the last ``after``.
 - Queries hear of a change in the order they were opened in (insertion-ordered dicts,
@@ -21,14 +31,16 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from bisect import bisect_right
+from collections.abc import Collection, Mapping
 from typing import TypeVar
 
 from mycelia.entity import EntityChange
-from mycelia.errors import InvalidArgument
+from mycelia.errors import InvalidArgument, StorageError
 from mycelia.node.ports import Standing
 from mycelia.proto import EntityId
 from mycelia.proto.query import And, Comparison, Op, Placeholder, Query, encode_key
+from mycelia.storage.plan import KeyRange, index_entries, plan_query
 
 __all__ = ["Reactor"]
 
@@ -50,6 +62,10 @@ class Reactor:
         self._pinned: dict[tuple[str, str, bytes], _Queries] = {}
         self._pinned_fields: dict[str, dict[str, None]] = {}
         self._unpinned: dict[str, _Queries] = {}
+        self._ranged: dict[tuple[str, str], _Ranges] = {}
+        self._ranged_fields: dict[str, dict[str, None]] = {}
+        self._reads: dict[Standing, frozenset[str]] = {}
+        """The fields each ranged query reads."""
         self._by_entity: dict[EntityId, _Queries] = {}
         self._queries: dict[Standing, str] = {}
         """Every live query registered, with its collection."""
@@ -93,6 +109,13 @@ class Reactor:
             self._pinned.setdefault((collection, name, key), {})[live] = None
             self._pinned_fields.setdefault(collection, {})[name] = None
             return
+        plan = _ranged(live.query)
+        if plan is not None:
+            name, ranges = plan
+            self._ranged.setdefault((collection, name), _Ranges()).add(live, ranges)
+            self._ranged_fields.setdefault(collection, {})[name] = None
+            self._reads[live] = live.query.fields()
+            return
         self._unpinned.setdefault(collection, {})[live] = None
         for name in live.query.fields():
             self._by_field.setdefault((collection, name), {})[live] = None
@@ -109,6 +132,10 @@ class Reactor:
         _discard(self._by_field, live)
         _discard(self._pinned, live)
         _discard(self._unpinned, live)
+        if self._reads.pop(live, None) is not None:
+            for key, ranges in list(self._ranged.items()):
+                if ranges.remove(live) and not ranges:
+                    del self._ranged[key]
 
     def reindex(self, live: Standing) -> None:
         """Refresh a query's index entries after its query changed."""
@@ -126,6 +153,15 @@ class Reactor:
                 except InvalidArgument:
                     continue
                 candidates.update(self._pinned.get((collection, name, key), {}))
+        for name in self._ranged_fields.get(collection, {}):
+            ranges = self._ranged.get((collection, name))
+            at = _index_key(values, name) if ranges is not None else None
+            if ranges is None or at is None:
+                continue  # no key: the conjuncts on the field cannot hold
+            created, changed = not change.before.exists, change.changed
+            for live in ranges.holding(at):
+                if created or not changed.isdisjoint(self._reads[live]):
+                    candidates[live] = None
         if not change.before.exists:
             candidates.update(self._unpinned.get(collection, {}))
         else:
@@ -176,6 +212,98 @@ def _discard(index: dict[K, _Queries], live: Standing) -> None:
         queries.pop(live, None)
         if not queries:
             del index[key]
+
+
+class _Ranges:
+    """The key ranges of one field's ranged queries, found by a key they hold.
+
+    Sorted by low bound, with the largest high bound of every subtree of the implicit
+    binary tree over them, built on the first lookup after a change: a lookup visits only
+    the subtrees holding a hit, O(log n) each. Hits come in registration order.
+    """
+
+    def __init__(self) -> None:
+        self._queries: dict[Standing, tuple[KeyRange, ...]] = {}
+        self._seq: dict[Standing, int] = {}
+        self._next = 0
+        self._built: tuple[list[bytes], list[Standing], list[bytes]] | None = None
+        """(low bounds, their queries, max high bound per tree node), sorted by low."""
+
+    def __bool__(self) -> bool:
+        return bool(self._queries)
+
+    def add(self, live: Standing, ranges: tuple[KeyRange, ...]) -> None:
+        self._queries[live] = ranges
+        self._seq[live] = self._next
+        self._next += 1
+        self._built = None
+
+    def remove(self, live: Standing) -> bool:
+        """Forget ``live``; whether it was here."""
+        if self._queries.pop(live, None) is None:
+            return False
+        del self._seq[live]
+        self._built = None
+        return True
+
+    def holding(self, key: bytes) -> list[Standing]:
+        """The queries one of whose ranges holds ``key``."""
+        lows, lives, tree = self._built or self._build()
+        end = bisect_right(lows, key)  # the ranges [0, end) start at or below the key
+        size = len(tree) // 2
+        found: dict[Standing, None] = {}
+        stack = [(1, 0, size)] if end else []  # (node, its first leaf, its last leaf + 1)
+        while stack:
+            node, first, last = stack.pop()
+            if first >= end or tree[node] <= key:
+                continue  # no range here starts at or below the key, or all end by it
+            if node >= size:
+                found[lives[first]] = None
+                continue
+            middle = (first + last) // 2
+            stack.append((2 * node + 1, middle, last))
+            stack.append((2 * node, first, middle))
+        seq = self._seq
+        return sorted(found, key=seq.__getitem__)
+
+    def _build(self) -> tuple[list[bytes], list[Standing], list[bytes]]:
+        seq = self._seq
+        entries = sorted(
+            ((r.low, r.high, live) for live, ranges in self._queries.items() for r in ranges),
+            key=lambda e: (e[0], seq[e[2]]),
+        )
+        size = 1
+        while size < len(entries):
+            size *= 2
+        tree = [b""] * (2 * size)  # b"" ends below every key: an empty leaf holds none
+        tree[size : size + len(entries)] = [e[1] for e in entries]
+        for node in range(size - 1, 0, -1):
+            tree[node] = max(tree[2 * node], tree[2 * node + 1])
+        self._built = ([e[0] for e in entries], [e[2] for e in entries], tree)
+        return self._built
+
+
+def _ranged(query: Query) -> tuple[str, tuple[KeyRange, ...]] | None:
+    """The field and key ranges an entity must hold a key in to match ``query`` (the
+    storage engines' index plan), or None when no top-level conjunct restricts one field."""
+    try:
+        plan = plan_query(query)
+    except (InvalidArgument, StorageError):
+        return None
+    if plan is None or not plan.field:
+        return None
+    return plan.field, plan.ranges
+
+
+def _index_key(values: Mapping[str, object], name: str) -> bytes | None:
+    """The index key of field ``name`` of ``values``, if it is indexable."""
+    value = values.get(name)
+    if value is None:
+        return None
+    try:
+        return index_entries({name: value}).get(name)
+    except StorageError:
+        return None
 
 
 def _pinned(query: Query) -> tuple[str, bytes] | None:
