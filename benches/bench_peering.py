@@ -231,7 +231,7 @@ async def trace(url: str, ops: int) -> float:
                         body.delete(pos, deleted)
                     if inserted:
                         body.insert(pos, inserted)
-        while not live.items or str(live.items[0].body) != expected:
+        while not any(v.id == entity and str(v.body) == expected for v in live.items):
             await anext(changes)
         elapsed = time.perf_counter() - start
     await a.close()

@@ -42,7 +42,8 @@ def adopted(incoming: EntityState, *, cache: bool) -> Plan:
     if cache:
         fresh.mark_boundary(incoming.state.head_generations())
     before = Entity.empty(incoming.entity_id, incoming.collection).snapshot()
-    return Plan(fresh, before, [], [], set(fresh.values()), snapshot=True)
+    # Through the snapshot, which the write and the resident's size estimate read again.
+    return Plan(fresh, before, [], [], set(fresh.snapshot().values), snapshot=True)
 
 
 def merged(
