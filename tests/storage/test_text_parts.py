@@ -3,6 +3,8 @@ buffer (O(document)); every reader still sees the canonical one (ARCHITECTURE.md
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mycelia import Model, Node, Text
@@ -13,6 +15,7 @@ from mycelia.proto import Deferred, EntityId, EntityState
 from mycelia.proto.codec import pack
 from mycelia.storage import MemoryStorage
 from mycelia.storage.testing import EngineSpec
+from tests.storage.conftest import PostgresSchemas, lmdb_spec
 from tests.text_calls import count_canonical
 
 
@@ -62,11 +65,20 @@ async def test_text_edits_are_written_without_canonicalising_and_read_back_canon
     await node.close()
 
 
+@pytest.fixture(params=["lmdb", "postgres"])
+def reopenable(request: pytest.FixtureRequest, tmp_path: Path) -> EngineSpec:
+    """An engine kind that keeps its store across a reopen (not the in-memory one)."""
+    if request.param == "lmdb":
+        return lmdb_spec(tmp_path)
+    schemas: PostgresSchemas = request.getfixturevalue("pg_schemas")
+    return schemas.spec()
+
+
 async def test_a_reopened_store_goes_on_from_the_stored_base_and_log(
-    engine_spec: EngineSpec, monkeypatch: pytest.MonkeyPatch
+    reopenable: EngineSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if engine_spec.reopen is None:
-        pytest.skip(f"the {engine_spec.name} engine keeps nothing across a reopen")
+    engine_spec = reopenable
+    assert engine_spec.reopen is not None
     engine = await engine_spec.fresh()
     node = await Node.open(engine, durable=True)
     await node.create_system()
