@@ -6,7 +6,9 @@ fetch ``ORDER BY x LIMIT 20`` with a range on ``x`` over 100,000 entities on LMD
 64 concurrent committers (one LWW field each) on LMDB, durable, with group commit,
 ≥ 10,000 commits/s and p99 ≤ 20 ms; sequential single commits on LMDB, durable, within
 1.5x of a raw LMDB put+fsync per transaction; ingest 100,000 events in batches of 1,000 on
-PostgreSQL ≥ 20,000 events/s; reopening an LMDB store of 1,000,000 events ≤ 1 s.
+PostgreSQL ≥ 20,000 events/s; reopening an LMDB store of 1,000,000 events ≤ 1 s; a
+one-character transaction on a durable LMDB node, 120,000 vs 1,000 characters of text,
+≤ 1.5x (issue 13).
 
 Run: ``python -m benches.bench_storage`` (``--quick`` scales the sizes down; PostgreSQL
 comes from ``MYCELIA_TEST_DSN`` or a throwaway cluster, with fsync on).
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import lmdb
 
+from benches.bench_entity import Doc1, build_ops, spots
 from benches.harness import QUICK, Table, fmt_time, options, verdict
 from mycelia import Model, Node
 from mycelia.entity.backends.lww import encode_diff
@@ -321,6 +324,50 @@ async def lmdb_commit_rows(root: Path) -> list[list[str]]:
     ]
 
 
+async def durable_text_txn(path: Path, length: int, *, typist: bool, count: int = 200) -> float:
+    """Median seconds of a one-character transaction on a durable LMDB node holding one
+    text of ``length`` characters, built as ``bench_entity`` builds it."""
+    node = await Node.open(LmdbStorage(path), durable=True, progress=False)
+    await node.create_system()
+    ctx = node.context()
+    async with ctx.transaction() as trx:
+        entity = trx.create(Doc1, body="").id
+    ops = build_ops(length, length, typist=typist)
+    for i in range(0, len(ops), 100):
+        async with ctx.transaction() as trx:
+            body = (await trx.edit(Doc1, entity)).body
+            for pos, piece in ops[i : i + 100]:
+                body.insert(pos, piece)
+    size = len((await ctx.get(Doc1, entity)).body)
+    samples = []
+    for pos in spots(size, count, 1, typist=typist):
+        began = time.perf_counter()
+        async with ctx.transaction() as trx:
+            (await trx.edit(Doc1, entity)).body.insert(pos, "x")
+        samples.append(time.perf_counter() - began)
+    await node.close()
+    return statistics.median(samples)
+
+
+async def lmdb_text_rows(root: Path) -> list[list[str]]:
+    """A durable write of a text stores its base and log, not the whole document (issue 13)."""
+    long = 20_000 if SMALL else 120_000
+    rows = []
+    for typist in (True, False):
+        how = "typed at a cursor" if typist else "at random places"
+        short = await durable_text_txn(root / f"text-1000-{typist}", 1_000, typist=typist)
+        grown = await durable_text_txn(root / f"text-{long}-{typist}", long, typist=typist)
+        rows.append(
+            [
+                f"one-char txn, LMDB durable, {long:,} vs 1,000 chars {how}",
+                f"{fmt_time(grown)} vs {fmt_time(short)}",
+                "≤ 1.5x",
+                verdict(grown <= 1.5 * short) + f" ({grown / short:.2f}x)",
+            ]
+        )
+    return rows
+
+
 async def lmdb_reopen_rows(root: Path) -> list[list[str]]:
     size = 100_000 if SMALL else 1_000_000
     reopen = await reopen_time(root / "reopen", size)
@@ -395,6 +442,7 @@ async def run() -> None:
         root = Path(tmp)
         rows = await lmdb_ingest_rows(root, total)
         rows += await lmdb_commit_rows(root)
+        rows += await lmdb_text_rows(root)
         rows += await lmdb_reopen_rows(root)
         rows += await lmdb_fetch_rows(root, total)
     rows += await postgres_rows(total)
