@@ -359,20 +359,18 @@ def _buffer(backend: Backend) -> bytes | Deferred:
 
 
 def _backend(name: str, text_ids: ClientIds | None, buffer: Buffer | None = None) -> Backend:
-    """A backend called ``name``: empty, or rebuilt from ``buffer`` (from a text buffer's
-    parts when it has them and is not computed yet; DecodeError if bad)."""
+    """A backend called ``name``: empty, or rebuilt from ``buffer`` (a text from its
+    buffer's parts when it has them and is not computed yet; DecodeError if bad)."""
+    if isinstance(buffer, Deferred):
+        if name == TextBackend.name and buffer.parts and not buffer.ready:
+            return TextBackend.from_parts(buffer.parts, text_ids)
+        buffer = buffer.get()
     if name == TextBackend.name:
         if buffer is None:
             return TextBackend.empty(text_ids)
-        if type(buffer) is Deferred:
-            if buffer.parts and not buffer.ready:
-                return TextBackend.from_parts(buffer.parts, text_ids)
-            buffer = buffer.get()
-        return TextBackend.from_state(buffer, text_ids)  # type: ignore[arg-type]  # bytes now
-    if type(buffer) is Deferred:
-        buffer = buffer.get()
+        return TextBackend.from_state(buffer, text_ids)
     cls = KNOWN_BACKENDS.get(name, OpaqueBackend)
-    return cls.empty() if buffer is None else cls.from_state(buffer)  # type: ignore[arg-type]
+    return cls.empty() if buffer is None else cls.from_state(buffer)
 
 
 def stored_merge(name: str, parts: tuple[bytes, ...]) -> bytes:

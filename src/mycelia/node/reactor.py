@@ -50,11 +50,13 @@ class Reactor:
 
     A query that pins a field to a value (``group = ? AND ...``) is indexed under that
     (field, value): a change can only concern it if the entity is a member or now has that
-    value. Other queries are indexed under every field they read. Members are indexed by
-    entity. A create concerns the pinned queries of its values and every unpinned query.
-    Wire :meth:`on_change` as a change listener of the node. (Queries are kept in
-    insertion-ordered dicts, not sets, so the order they hear of a change in is the order
-    they were opened in, in every run.)
+    value. A query that restricts a field to key ranges is indexed under those ranges: a
+    change concerns it if the entity is a member, or its new key lies in a range and a
+    field the query reads changed (or it was created). Other queries are indexed under
+    every field they read. Members are indexed by entity. A create concerns the pinned and
+    ranged queries its values match and every other query. Wire :meth:`on_change` as a
+    change listener of the node. (Queries are kept in insertion-ordered dicts, not sets, so
+    the order they hear of a change in is the order they were opened in, in every run.)
     """
 
     def __init__(self) -> None:
