@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import mycelia
 from benches.bench_entity import build_ops, spots
@@ -92,6 +93,19 @@ async def client(url: str) -> Node:
     return node
 
 
+WAIT: float = 120.0
+"""Seconds a case waits for a live query's next change before it fails (never hangs)."""
+
+
+async def next_change(changes: AsyncIterator[Any]) -> Any:
+    """The next change set of a live query; RuntimeError if none comes within WAIT."""
+    try:
+        async with asyncio.timeout(WAIT):  # no task per call: the latency case times this
+            return await anext(changes)
+    except TimeoutError:
+        raise RuntimeError(f"no live-query change within {WAIT:.0f} s: the case is stuck") from None
+
+
 def rss_kib(pid: int | None) -> int:
     """Resident memory of ``pid`` (this process when None), in KiB."""
     if pid is None:
@@ -111,13 +125,13 @@ async def latency(url: str, edits: int) -> list[float]:
     samples = []
     async with b.context().query(Counter, "n >= 0") as live:
         changes = aiter(live)
-        await anext(changes)
+        await next_change(changes)
         for i in range(1, edits + 1):
             start = time.perf_counter()
             async with a.context().transaction() as trx:
                 (await trx.edit(Counter, entity)).n = i
             while True:
-                change = await anext(changes)
+                change = await next_change(changes)
                 if any(v.n == i for v in change.added + change.updated):
                     break
             samples.append(time.perf_counter() - start)
@@ -221,7 +235,7 @@ async def trace(url: str, ops: int) -> float:
         expected = expected[:pos] + inserted + expected[pos + deleted :]
     async with b.context().query(Doc, "") as live:
         changes = aiter(live)
-        await anext(changes)
+        await next_change(changes)
         start = time.perf_counter()
         for i in range(0, len(patches), 100):
             async with a.context().transaction() as trx:
@@ -232,7 +246,7 @@ async def trace(url: str, ops: int) -> float:
                     if inserted:
                         body.insert(pos, inserted)
         while not any(v.id == entity and str(v.body) == expected for v in live.items):
-            await anext(changes)
+            await next_change(changes)
         elapsed = time.perf_counter() - start
     await a.close()
     await b.close()
@@ -259,11 +273,11 @@ async def one_char_remote(
     samples: dict[int, list[float]] = {n: [] for n in docs}
     async with b.context().query(Doc, "") as live:
         changes = aiter(live)
-        lengths = {v.id: len(v.body) for v in (await anext(changes)).initial}
+        lengths = {v.id: len(v.body) for v in (await next_change(changes)).initial}
         for r in range(rounds):
             for n, entity in docs.items():
                 while lengths.get(entity, 0) < n:  # B holds what A built
-                    change = await anext(changes)
+                    change = await next_change(changes)
                     lengths.update((v.id, len(v.body)) for v in change.added + change.updated)
                 for pos in spots(lengths[entity], count, r, typist=typist):
                     start = time.perf_counter()
@@ -271,7 +285,7 @@ async def one_char_remote(
                         (await trx.edit(Doc, entity)).body.insert(pos, "x")
                     target = lengths[entity] + 1
                     while lengths[entity] < target:
-                        change = await anext(changes)
+                        change = await next_change(changes)
                         lengths.update((v.id, len(v.body)) for v in change.added + change.updated)
                     samples[n].append(time.perf_counter() - start)
     await a.close()
