@@ -12,6 +12,7 @@ from websockets.exceptions import ConnectionClosed as WsClosed
 import mycelia
 from mycelia import Model, Node, Server
 from mycelia.errors import RequestTimeout
+from mycelia.node.budget import Bounds
 from mycelia.node.identity import NodeKey
 from mycelia.node.session import PeerSession
 from mycelia.node.transport import memory_pair
@@ -232,7 +233,10 @@ async def test_a_request_to_a_peer_that_never_answers_times_out() -> None:
 async def test_a_subscriber_that_stops_reading_is_disconnected_and_can_catch_up() -> None:
     node = await Node.open(MemoryStorage(), durable=True)
     await node.create_system()
-    server = await mycelia.serve(node, host="127.0.0.1", port=0, outgoing_frames=16)
+    # A push carries what was queued behind the one before (several commits in one
+    # frame), so it is the bytes that overflow, well past what the sockets buffer.
+    bounds = Bounds(outgoing_bytes=1024 * 1024)
+    server = await mycelia.serve(node, host="127.0.0.1", port=0, outgoing_frames=16, bounds=bounds)
     ws = await connect(
         f"ws://127.0.0.1:{server.port}", max_size=None, compression=None, max_queue=1
     )
@@ -240,9 +244,9 @@ async def test_a_subscriber_that_stops_reading_is_disconnected_and_can_catch_up(
     await ws.send(encode_frame(SubscribeRequest(session.next_request_id(), 1, "notes", "", (), ())))
     await ws.recv()  # the (empty) initial answer; from now on it never reads again
     connection = next(iter(server.connections))
-    for i in range(2000):
+    for i in range(8000):
         async with node.context().transaction() as trx:
-            trx.create(Note, text="x" * 200 + str(i))
+            trx.create(Note, text="x" * 8000 + str(i))
         if connection.error is not None:
             break
     await asyncio.wait_for(connection.wait_closed(), 10)

@@ -18,10 +18,12 @@ from typing import Final
 from mycelia.entity import EntityChange
 from mycelia.proto import AdmittedEvent
 
-__all__ = ["FEED_BYTES", "Missed", "SubscriberFeed", "changes_size", "events_size"]
+__all__ = ["FEED_BYTES", "TAKE_BYTES", "Missed", "SubscriberFeed", "changes_size", "events_size"]
 
 FEED_BYTES: Final = 8 * 1024 * 1024
 """Bytes of committed changes a subscriber may fall behind by before it is cut off."""
+TAKE_BYTES: Final = 1024 * 1024
+"""Most bytes of queued changes one push to a subscriber takes (:meth:`SubscriberFeed.get`)."""
 
 
 def events_size(events: Iterable[AdmittedEvent]) -> int:
@@ -78,14 +80,23 @@ class SubscriberFeed:
         return True
 
     async def get(self) -> list[EntityChange] | None:
-        """The oldest changes, or None once closed."""
+        """The oldest changes, joined in commit order with those queued after them (up to
+        :data:`TAKE_BYTES` in all): a peer that fell behind gets them in one push, not one
+        push per commit. None once closed."""
         while not self._items:
             if self._closed:
                 return None
             self._arrived.clear()
             await self._arrived.wait()
-        changes, size = self._items.popleft()
-        self._size -= size
+        items = self._items
+        changes, taken = items.popleft()
+        if items and taken + items[0][1] <= TAKE_BYTES:
+            changes = list(changes)
+            while items and taken + items[0][1] <= TAKE_BYTES:
+                more, size = items.popleft()
+                changes += more
+                taken += size
+        self._size -= taken
         return changes
 
     def close(self) -> None:

@@ -24,15 +24,16 @@ Subscriptions: a peer's standing query lives here with the heads this node belie
 peer holds; what its answer and each update send is computed by
 :mod:`mycelia.node.served`. After every local commit the changes go, in order, through
 one worker per peer (its queue bounded in bytes, :mod:`mycelia.node.pushes`: a peer that
-falls behind is cut off), which pushes :class:`SubscriptionUpdate` frames with, per
-entity, the new events (when the peer holds the previous head and may still read it), a
-bridge or a snapshot, and ``matches=False`` (with no data) when an entity leaves the
-query or may no longer be read. Before each push the peer's credentials are checked
-again: once they no longer admit it (an expired token), each of its standing queries
-ends with a :class:`SubscriptionEnded` carrying the error's code, and nothing more is
-pushed. Unsubscribing, or disconnecting, stops the pushes. A peer is not sent back its
-own commit: a change made only of events the peer committed, on the head this node
-believes it holds, pushes nothing to it (the head after it is noted as held); the other
+falls behind is cut off), which pushes :class:`SubscriptionUpdate` frames (what was
+queued while the previous push was built goes in one) with, per entity, the new events
+(when the peer holds the previous head and may still read it), a bridge or a snapshot,
+and ``matches=False`` (with no data) when an entity leaves the query or may no longer be
+read. Before each push the peer's credentials are checked again: once they no longer
+admit it (an expired token), each of its standing queries ends with a
+:class:`SubscriptionEnded` carrying the error's code, and nothing more is pushed.
+Unsubscribing, or disconnecting, stops the pushes. A peer is not sent back its own
+commit: a change made only of events the peer committed, on the head this node believes
+it holds, pushes nothing to it (the head after it is noted as held); the other
 subscribers get it.
 """
 
@@ -352,15 +353,25 @@ def _deltas_size(deltas: Sequence[Delta]) -> int:
 
 
 def _pages(deltas: Iterable[Delta], page_bytes: int) -> Iterable[list[Delta]]:
-    """``deltas`` cut into pages of about ``page_bytes`` (each at least one delta)."""
+    """``deltas`` cut into pages of about ``page_bytes`` (each at least one delta), in
+    order. A state for an entity the page already has a delta for starts a new page: a
+    receiver takes an update's states before its events, so in one page the state would
+    come before the events it follows (several commits' changes go in one push)."""
     page: list[Delta] = []
+    entities: set[EntityId] = set()
     size = 0
     for delta in deltas:
         delta_size = delta.wire_size()
-        if page and (size + delta_size > page_bytes or len(page) >= MAX_BATCH_EVENTS):
+        if page and (
+            size + delta_size > page_bytes
+            or len(page) >= MAX_BATCH_EVENTS
+            or (delta.state is not None and delta.entity_id in entities)
+        ):
             yield page
             page, size = [], 0
+            entities.clear()
         page.append(delta)
+        entities.add(delta.entity_id)
         size += delta_size
     if page:
         yield page
