@@ -45,9 +45,11 @@ def samples() -> list[tuple[str, Message]]:
         ),
         ("unsubscribe", wire.UnsubscribeRequest(11, 3)),
         ("commit", wire.CommitRequest(12, (ROOT,))),
+        ("commits", wire.CommitsRequest(19, ((ROOT,), (GENESIS, UPDATE)))),
         ("system", wire.SystemRequest(13)),
         ("error", wire.ErrorResponse(14, 106, "not yours")),
         ("ack", wire.Ack(15)),
+        ("verdicts", wire.VerdictsResponse(19, (wire.COMMITTED, wire.Verdict(106, "not yours")))),
         ("events", wire.EventsResponse(16, (GENESIS,), (1,))),
         ("events-no-generations", wire.EventsResponse(17, ())),
         ("deltas", wire.DeltasResponse(18, (delta, wire.Delta(B, "albums", False, None, ())))),
@@ -101,9 +103,20 @@ GOLDEN: Final[dict[str, str]] = {
         "930f0c91c44295b16d7963656c69612f67656e657369732f31c0af5f6d7963656c69615f73797374656d"
         "c410000000000000000000000000000000009192a36c777791c403010203"
     ),
+    "commits": (
+        "9311139291c44295b16d7963656c69612f67656e657369732f31c0af5f6d7963656c69615f7379737465"
+        "6dc410000000000000000000000000000000009192a36c777791c40301020392c46395b16d7963656c69"
+        "612f67656e657369732f31c420bd8e1fe12c488c146c7ac2036670e950287f29a8a97f9e23806cd2dc26"
+        "8d8bd4a6616c62756d73c410000102030405060708090a0b0c0d0e0f9292a36c777791c4010492a47465"
+        "787491c4020506c48a95b06d7963656c69612f7570646174652f31c420b99c43557a5eab01ccbe5b956a"
+        "8735dc7fa002e61943c99609cc6775dfdba905a6616c62756d7392c42007070707070707070707070707"
+        "07070707070707070707070707070707070707c420b99c43557a5eab01ccbe5b956a8735dc7fa002e619"
+        "43c99609cc6775dfdba9059192a36c777791c40108"
+    ),
     "system": "92100d",
     "error": "94140e6aa96e6f7420796f757273",
     "ack": "92150f",
+    "verdicts": "931b13929200a0926aa96e6f7420796f757273",
     "events": (
         "94171091c46395b16d7963656c69612f67656e657369732f31c420bd8e1fe12c488c146c7ac2036670e9"
         "50287f29a8a97f9e23806cd2dc268d8bd4a6616c62756d73c410000102030405060708090a0b0c0d0e0f"

@@ -7,10 +7,14 @@ written (:class:`LocalCommits`). An ephemeral node's commit (:class:`CommitPipel
    and live queries at once — with the commit's outbox record in the same storage write.
    The commit joins the queue of owed commits, in commit order.
 2. **Pipelined.** While a session with the durable peer is open, the sender pushes owed
-   commits in order, up to :data:`WINDOW` in flight; the peer applies one connection's
-   commits in the order they arrive (grouping what arrives together into one write) and
-   answers in that order. The confirmer takes the answers in order: an Ack settles a
-   commit (its waiters wake; its record is deleted, in batches).
+   commits in order, up to :data:`WINDOW` in flight, in at most
+   :data:`~mycelia.node.flight.FRAMES` frames not answered yet: the next frame carries
+   every commit queued by then that fits it (a ``CommitsRequest``, with a verdict per
+   commit in its answer). The peer applies one connection's commits in the order they
+   arrive (grouping what arrives together into one write) and answers in that order. The
+   confirmer takes the answers in order: an Ack (or a commit's verdict) settles a commit
+   (its waiters wake; its record is deleted, in batches). An error answering a frame of
+   several commits as a whole settles none of them, and from then on each goes alone.
 3. **A refusal reverts, visibly.** The pipeline closes its gate (new local commits wait),
    lets every commit in flight be answered, and takes out the refused commits and every
    owed commit built on them (by event parents, transitively). The entities they touch are
@@ -31,6 +35,7 @@ written (:class:`LocalCommits`). An ephemeral node's commit (:class:`CommitPipel
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -53,13 +58,24 @@ from mycelia.errors import (
     SystemError_,
     error_class,
 )
-from mycelia.node.flight import DONE, WINDOW, Flight, Gate, Pending, answered, either
+from mycelia.node.flight import (
+    DONE,
+    WINDOW,
+    Flight,
+    Gate,
+    Pending,
+    answered,
+    answers_each,
+    either,
+    verdicts,
+)
 from mycelia.node.outbox import Outbox, Owed
 from mycelia.node.ports import Commit, MakeRequest, Session
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, Event, EventId, Limits
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
     CommitRequest,
+    CommitsRequest,
     DeltasResponse,
     EventsResponse,
     GetEventsRequest,
@@ -171,6 +187,8 @@ class CommitPipeline:
         self._to_settle: list[Owed] = []
         self._settle_wake = asyncio.Event()
         self._readers: list[asyncio.Queue[Rejection]] = []
+        self._batching = True
+        """Whether owed commits queued together go in one frame (see _batch_answered)."""
 
     async def load(self) -> None:
         """Take up the commits owed since an earlier run (call once, at open)."""
@@ -283,14 +301,68 @@ class CommitPipeline:
     async def _send(self, session: Session, flight: Flight) -> None:
         while True:
             pending = await self._next_unsent()
-            size = sum(len(e.event.to_bytes()) for e in pending.owed.events)
+            await flight.frame()  # (while the frames before are unanswered, commits queue)
+            size = _size(pending)
             await flight.slot(size)
             if self._paused or pending.owed.seq not in self._owed:
                 flight.release(size)  # a revert began while we waited: it decides first
+                flight.unsent()
                 if pending.owed.seq in self._owed:
                     self._queue.appendleft(pending)
                 continue
-            flight.add(pending, session.submit(_commit_request(pending.owed)), size)
+            batch = [(pending, size), *self._more_unsent(flight, size, len(pending.owed.events))]
+            if len(batch) == 1:
+                answer = session.submit(_commit_request(pending.owed))
+                flight.add(pending, answer, size)
+            else:
+                answer = session.submit(_commits_request([p.owed for p, _ in batch]))
+                answer.add_done_callback(functools.partial(self._batch_answered, count=len(batch)))
+                for (each, each_size), part in zip(
+                    batch, verdicts(answer, len(batch)), strict=True
+                ):
+                    flight.add(each, part, each_size)
+            flight.sent(answer)
+
+    def _more_unsent(self, flight: Flight, size: int, events: int) -> list[tuple[Pending, int]]:
+        """The owed commits queued after one of ``size`` bytes and ``events`` events that
+        fit in its frame and the window now (none once batches are off)."""
+        limits, queue = self._limits, self._queue
+        room = limits.max_frame_bytes - FRAME_MARGIN
+        more: list[tuple[Pending, int]] = []
+        while self._batching and queue and len(more) < WINDOW:
+            pending = queue[0]
+            if pending.owed.seq not in self._owed:
+                queue.popleft()  # settled or reverted meanwhile
+                continue
+            next_size, next_events = _size(pending), len(pending.owed.events)
+            if (
+                size + next_size > room
+                or events + next_events > limits.max_batch_events
+                or not flight.try_slot(next_size)
+            ):
+                break
+            queue.popleft()
+            more.append((pending, next_size))
+            size, events = size + next_size, events + next_events
+        return more
+
+    def _batch_answered(self, answer: asyncio.Future[Message], count: int) -> None:
+        """A peer that refuses commits sent together as a whole (its limits are below
+        ours), or answers them with anything but a verdict each, gets one commit per frame
+        from now on: each commit then gets its own verdict."""
+        if answer.cancelled() or isinstance(answer.exception(), ConnectionClosed):
+            return
+        error = answer.exception()
+        if error is None and answers_each(answer.result(), count):
+            return
+        if self._batching:
+            log.warning(
+                "the durable peer did not take %d commits sent together (%s): sending one "
+                "per frame from now on",
+                count,
+                error or type(answer.result()).__name__,
+            )
+        self._batching = False
 
     async def _next_unsent(self) -> Pending:
         """The oldest owed commit not sent in this session (waits while paused or none)."""
@@ -483,6 +555,16 @@ def _reverted(seq: int, origin: int, refusal: MyceliaError) -> CommitReverted:
 def _commit_request(owed: Owed) -> MakeRequest:
     events = tuple(e.event for e in owed.events)
     return lambda rid: CommitRequest(rid, events)
+
+
+def _commits_request(owed: list[Owed]) -> MakeRequest:
+    commits = tuple(tuple(e.event for e in o.events) for o in owed)
+    return lambda rid: CommitsRequest(rid, commits)
+
+
+def _size(pending: Pending) -> int:
+    """The bytes of a commit's events on the wire."""
+    return sum(len(e.event.to_bytes()) for e in pending.owed.events)
 
 
 def _get(ids: tuple[EntityId, ...]) -> MakeRequest:

@@ -6,8 +6,11 @@ Invariants:
 - A :class:`Pending` outcome is settled once (the first verdict wins) and always marked
   retrieved, so a commit nobody waits for never makes asyncio warn.
 - A :class:`Flight` holds at most :data:`WINDOW` commits and :data:`FLIGHT_BYTES` of their
-  events (a larger commit goes alone); every slot taken is given back exactly once, by
-  :meth:`Flight.pop` or :meth:`Flight.release`.
+  events (a larger commit goes alone), sent in at most :data:`FRAMES` frames not answered
+  yet; every slot taken is given back exactly once, by :meth:`Flight.pop` or
+  :meth:`Flight.release`, and a frame's once its answer (or failure) is in.
+- :func:`verdicts` gives each commit of a frame its own answer, in order: the frame's
+  verdict for it, or the frame's failure.
 - :meth:`Gate.exclusive` waits until no :meth:`Gate.shared` holder is left, and admits no
   new one meanwhile: a revert never runs beside a local commit.
 - :func:`answered` never cancels the answer it waits for, and gives up only on a silent
@@ -22,25 +25,32 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
-from mycelia.errors import MyceliaError
+from mycelia.errors import MyceliaError, RemoteError, RemoteProtocolError, code_of, remote
 from mycelia.node.budget import Pool
 from mycelia.node.outbox import Owed
 from mycelia.proto.messages import Message
+from mycelia.proto.peering import Ack, VerdictsResponse
 
 __all__ = [
     "BUSY_ROUNDS",
     "DONE",
     "FLIGHT_BYTES",
+    "FRAMES",
     "WINDOW",
     "Flight",
     "Gate",
     "Pending",
     "answered",
+    "answers_each",
     "either",
+    "verdicts",
 ]
 
 WINDOW: Final = 128
 """Most commits in flight to the durable peer at once."""
+FRAMES: Final = 2
+"""Most commit frames in flight to the durable peer at once: commits made while they are
+not answered wait, and go together in the next frame (one request, one verdict frame)."""
 FLIGHT_BYTES: Final = 16 * 1024 * 1024
 """Most bytes of events in flight to the durable peer at once (what the peer reads of one
 connection before it stops reading: ``mycelia.node.budget.INCOMING_BYTES``)."""
@@ -142,8 +152,8 @@ async def either(first: Awaitable[object], second: Awaitable[object]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _retrieve(future: asyncio.Future[None]) -> None:
-    """Mark an outcome seen: nobody need wait for a commit (asyncio would warn)."""
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark an outcome seen: nobody need wait for it (asyncio would warn)."""
     if not future.cancelled():
         future.exception()
 
@@ -187,17 +197,41 @@ class Flight:
     def __init__(self) -> None:
         self._items: deque[tuple[Pending, asyncio.Future[Message]]] = deque()
         self._sizes: deque[int] = deque()
-        self._room = asyncio.Semaphore(WINDOW)
+        self._room = Pool(WINDOW)  # commits, counted one each
         self._bytes = Pool(FLIGHT_BYTES)
+        self._frames = asyncio.Semaphore(FRAMES)
         self._arrived = asyncio.Event()
 
+    async def frame(self) -> None:
+        """Wait until fewer than :data:`FRAMES` frames are unanswered, and take a place;
+        :meth:`sent` (or :meth:`unsent`) gives it back."""
+        await self._frames.acquire()
+
+    def sent(self, answer: asyncio.Future[Message]) -> None:
+        """The frame whose place was taken is sent: its place is back once ``answer`` is."""
+        answer.add_done_callback(lambda _: self._frames.release())
+
+    def unsent(self) -> None:
+        """The frame whose place was taken was not sent after all."""
+        self._frames.release()
+
     async def slot(self, size: int) -> None:
-        await self._room.acquire()
+        """Wait for a slot for a commit of ``size`` bytes, and take it."""
+        await self._room.take(1)
         try:
             await self._bytes.take(size)
         except BaseException:
-            self._room.release()
+            self._room.give(1)
             raise
+
+    def try_slot(self, size: int) -> bool:
+        """Take a slot for a commit of ``size`` bytes if one is free now."""
+        if not self._room.try_take(1):
+            return False
+        if not self._bytes.try_take(size):
+            self._room.give(1)
+            return False
+        return True
 
     def add(self, pending: Pending, future: asyncio.Future[Message], size: int) -> None:
         self._items.append((pending, future))
@@ -213,13 +247,65 @@ class Flight:
     def pop(self) -> tuple[Pending, asyncio.Future[Message]]:
         item = self._items.popleft()
         self._bytes.give(self._sizes.popleft())
-        self._room.release()
+        self._room.give(1)
         return item
 
     def release(self, size: int) -> None:
         """Give back a slot taken for a commit that was not sent after all."""
         self._bytes.give(size)
-        self._room.release()
+        self._room.give(1)
 
     def __bool__(self) -> bool:
         return bool(self._items)
+
+
+def answers_each(response: Message | None, count: int) -> bool:
+    """Whether ``response`` holds a verdict for each of ``count`` commits sent together."""
+    return isinstance(response, VerdictsResponse) and len(response.verdicts) == count
+
+
+def verdicts(answer: asyncio.Future[Message], count: int) -> list[asyncio.Future[Message]]:
+    """One answer per commit of a frame that carried ``count`` of them (a
+    :class:`~mycelia.proto.peering.CommitsRequest`), settled with ``answer``: an Ack for a
+    committed one, the peer's error (:func:`~mycelia.errors.remote`) for a refused one.
+    When the frame fails as a whole, each gets its failure: the connection's, a
+    :class:`~mycelia.errors.RemoteProtocolError` for an answer that is not a verdict per
+    commit, or for an error response a RemoteError of the root code (whatever it names,
+    it is no verdict on any one commit, so none is reverted for it: they stay owed)."""
+    loop = asyncio.get_running_loop()
+    parts: list[asyncio.Future[Message]] = [loop.create_future() for _ in range(count)]
+    for part in parts:
+        part.add_done_callback(_retrieve)
+
+    def settle(done: asyncio.Future[Message]) -> None:
+        if done.cancelled():
+            for part in parts:
+                part.cancel()
+            return
+        error = done.exception()
+        response = None if error is not None else done.result()
+        if isinstance(error, RemoteError):  # refused together, not one by one: "not now"
+            error = remote(
+                code_of(MyceliaError()),
+                f"the peer refused {count} commits sent together as a whole ({error})",
+            )
+        elif error is None and not answers_each(response, count):
+            error = RemoteProtocolError(
+                f"the peer answered {count} commits sent together with "
+                f"{type(response).__name__}, not a verdict for each"
+            )
+        for i, part in enumerate(parts):
+            if part.done():
+                continue
+            if error is not None:
+                part.set_exception(error)
+                continue
+            assert isinstance(response, VerdictsResponse)
+            verdict = response.verdicts[i]
+            if verdict.code:
+                part.set_exception(remote(verdict.code, verdict.text))
+            else:
+                part.set_result(Ack(response.request_id))
+
+    answer.add_done_callback(settle)
+    return parts

@@ -59,6 +59,7 @@ from mycelia.proto.peering import (
     PAGES,
     REQUESTS,
     CommitRequest,
+    CommitsRequest,
     ErrorResponse,
     Presence,
     SubscriptionEnded,
@@ -158,7 +159,7 @@ class PeerConnection:
         self._pages: dict[int, tuple[list[Message], int]] = {}
         """Pages received for a pending request, and their bytes."""
         self._outgoing, self._in_flight = _budgets(bounds, me.answers, outgoing_frames)
-        self._commits: list[tuple[CommitRequest, int]] = []
+        self._commits: list[tuple[CommitRequest | CommitsRequest, int]] = []
         self._commits_waiting = asyncio.Event()
         self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: cancelled in start order
         self.frames_read = 0
@@ -460,7 +461,7 @@ class PeerConnection:
             self.push(ErrorResponse.of(rid, ConnectionClosed("the node is shutting down")))
             return
         self._in_flight.add(size)
-        if isinstance(msg, CommitRequest):
+        if isinstance(msg, CommitRequest | CommitsRequest):
             self._commits.append((msg, size))
             self._commits_waiting.set()
             return
@@ -524,7 +525,7 @@ class PeerConnection:
             finally:
                 self._answering.discard(task)
 
-    async def _commit(self, batch: list[tuple[CommitRequest, int]]) -> None:
+    async def _commit(self, batch: list[tuple[CommitRequest | CommitsRequest, int]]) -> None:
         requests = [request for request, _ in batch]
         try:
             responses = await self._answers.commit(self, requests)

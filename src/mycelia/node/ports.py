@@ -30,7 +30,7 @@ from mycelia.entity import Entity, EntityChange, EventCheck, ForkBase
 from mycelia.node.policy import Credentials, PeerInfo
 from mycelia.proto import EntityId, Event
 from mycelia.proto.messages import Message
-from mycelia.proto.peering import CommitRequest
+from mycelia.proto.peering import CommitRequest, CommitsRequest
 from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState
 
@@ -105,8 +105,11 @@ class Answers(Protocol):
         """The response to one request (raise a MyceliaError to answer with an error)."""
         ...
 
-    async def commit(self, peer: Peer, requests: Sequence[CommitRequest]) -> list[Message]:
-        """The responses to commits that arrived in this order, applied in this order."""
+    async def commit(
+        self, peer: Peer, requests: Sequence[CommitRequest | CommitsRequest]
+    ) -> list[Message]:
+        """The responses to commit requests that arrived in this order, applied in this
+        order."""
         ...
 
     def forget(self, peer: Peer) -> None:

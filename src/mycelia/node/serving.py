@@ -64,6 +64,7 @@ from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
     Ack,
     CommitRequest,
+    CommitsRequest,
     Delta,
     DeltasPage,
     DeltasResponse,
@@ -78,6 +79,8 @@ from mycelia.proto.peering import (
     SubscriptionUpdate,
     SystemRequest,
     UnsubscribeRequest,
+    Verdict,
+    VerdictsResponse,
 )
 from mycelia.proto.query import Query, parse
 from mycelia.proto.query.compile import compile_predicate
@@ -140,7 +143,7 @@ class Responder:
             case SystemRequest():
                 events = await self._system_events()
                 return await _paged_events(peer, msg.request_id, events, generations=False)
-            case CommitRequest():
+            case CommitRequest() | CommitsRequest():
                 (response,) = await self.commit(peer, [msg])
                 return response
             case FetchRequest():
@@ -210,37 +213,59 @@ class Responder:
         events.sort(key=lambda e: (e.generation, e.id))
         return await _paged_events(peer, msg.request_id, events, generations=True)
 
-    async def commit(self, peer: Peer, requests: Sequence[CommitRequest]) -> list[Message]:
+    async def commit(
+        self, peer: Peer, requests: Sequence[CommitRequest | CommitsRequest]
+    ) -> list[Message]:
         """Apply a connection's commits in order: together if they all pass, else one by
-        one (see the module docstring); one response per request, in order."""
+        one (see the module docstring); one response per request, in order (an Ack or an
+        ErrorResponse for a CommitRequest, a VerdictsResponse for a CommitsRequest)."""
+        commits = [c for r in requests for c in _commits_of(r)]
+        verdicts = iter(await self._verdicts(peer, commits))
+        responses: list[Message] = []
+        for request in requests:
+            if isinstance(request, CommitsRequest):
+                mine = tuple(Verdict.of(next(verdicts)) for _ in request.commits)
+                responses.append(VerdictsResponse(request.request_id, mine))
+            elif (error := next(verdicts)) is None:
+                responses.append(Ack(request.request_id))
+            else:
+                responses.append(ErrorResponse.of(request.request_id, error))
+        return responses
+
+    async def _verdicts(
+        self, peer: Peer, commits: Sequence[tuple[Event, ...]]
+    ) -> list[MyceliaError | None]:
+        """Each commit's refusal (``None``: committed), applied as :meth:`commit` says."""
         check = self._check(peer.credentials)
-        authored = self._authored[peer] = {e.id for r in requests for e in r.events}
+        authored = self._authored[peer] = {e.id for c in commits for e in c}
         try:
-            if len(requests) > 1:
+            if len(commits) > 1:
                 try:
-                    for request in requests:
-                        for event in request.events:
+                    for commit in commits:
+                        for event in commit:
                             check_not_reserved(event.collection)
-                    await self._commit_remote([list(r.events) for r in requests], check)
+                    await self._commit_remote([list(c) for c in commits], check)
                 except MyceliaError as exc:  # one of them is refused: find which, one by one
                     log.debug(
-                        "%d commits from %s: one refused (%r)", len(requests), peer.remote, exc
+                        "%d commits from %s: one refused (%r)", len(commits), peer.remote, exc
                     )
                 else:
-                    return [Ack(r.request_id) for r in requests]
-            return [await self._commit_one(r, check) for r in requests]
+                    return [None] * len(commits)
+            return [await self._commit_one(c, check) for c in commits]
         finally:
             if self._authored.get(peer) is authored:
                 del self._authored[peer]
 
-    async def _commit_one(self, request: CommitRequest, check: EventCheck) -> Message:
+    async def _commit_one(
+        self, commit: tuple[Event, ...], check: EventCheck
+    ) -> MyceliaError | None:
         try:
-            for event in request.events:
+            for event in commit:
                 check_not_reserved(event.collection)
-            await self._commit_remote([list(request.events)], check)
+            await self._commit_remote([list(commit)], check)
         except MyceliaError as exc:
-            return ErrorResponse.of(request.request_id, exc)
-        return Ack(request.request_id)
+            return exc
+        return None
 
     def _check(self, credentials: Credentials) -> EventCheck:
         policy = self._policy
@@ -338,6 +363,10 @@ class Responder:
                 peer.push(SubscriptionEnded(query_id, code_of(exc), text))
             return False
         return True
+
+
+def _commits_of(request: CommitRequest | CommitsRequest) -> tuple[tuple[Event, ...], ...]:
+    return request.commits if isinstance(request, CommitsRequest) else (request.events,)
 
 
 def _bound(text: str, args: tuple[object, ...]) -> Query:

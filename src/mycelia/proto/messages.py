@@ -42,7 +42,7 @@ __all__ = [
     "unpack_frame",
 ]
 
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 """Peers must speak exactly the same version (ARCHITECTURE.md §7; the versioning rule is in
 ``docs/protocol.md``: any change to a frame's bytes or meaning bumps it).
 
@@ -51,6 +51,8 @@ PROTOCOL_VERSION: Final = 3
 3: the proofs bind both challenges, the direction and the version, and the dialer signs
 only once it verified the listener's; errors travel as stable codes; answers are paged
 (``DeltasPage``, ``EventsPage``) under the frame limit; ``SubscriptionEnded``.
+4: ``CommitsRequest`` carries several commits in one frame, answered by one
+``VerdictsResponse`` with a verdict per commit.
 """
 
 

@@ -37,6 +37,7 @@ from mycelia.proto.ids import EntityId, EventId, NodeId
 from mycelia.proto.messages import Message, message
 from mycelia.proto.schema import (
     BOOL,
+    COMMITS,
     ENTITY_ID,
     EVENT_ID,
     EVENTS,
@@ -58,12 +59,14 @@ from mycelia.proto.state import EntityState
 
 __all__ = [
     "CHALLENGE_LENGTH",
+    "COMMITTED",
     "PAGES",
     "REQUESTS",
     "RESPONSES",
     "SIGNATURE_LENGTH",
     "Ack",
     "CommitRequest",
+    "CommitsRequest",
     "Delta",
     "DeltasPage",
     "DeltasResponse",
@@ -82,6 +85,8 @@ __all__ = [
     "SubscriptionUpdate",
     "SystemRequest",
     "UnsubscribeRequest",
+    "Verdict",
+    "VerdictsResponse",
     "expect_response",
     "joined",
 ]
@@ -175,6 +180,16 @@ class CommitRequest(Message):
 
     request_id: int = wire(REQUEST_ID)
     events: tuple[Event, ...] = wire(EVENTS)
+
+
+@message(17)
+class CommitsRequest(Message):
+    """Several commits made elsewhere, in the order made (a pipelining requester's, in one
+    frame): each is all-or-nothing on the responder, which answers with one
+    :class:`VerdictsResponse` holding a verdict per commit, in order."""
+
+    request_id: int = wire(REQUEST_ID)
+    commits: tuple[tuple[Event, ...], ...] = wire(COMMITS)
 
 
 @message(16)
@@ -284,6 +299,33 @@ class Ack(Message):
 # Tag 22 (StatesResponse, protocol 1) is retired: GetRequest is answered with deltas.
 
 
+@record
+class Verdict(Record):
+    """What became of one commit of a :class:`CommitsRequest`: ``code`` 0 if it was
+    committed, else the stable code of the error that refused it (as an
+    :class:`ErrorResponse` carries one), with its text."""
+
+    code: int = wire(Int())
+    text: str = wire(Str(ERROR_TEXT), default="")
+
+    @classmethod
+    def of(cls, error: BaseException | None) -> Verdict:
+        """The verdict for a commit that ``error`` refused (``None``: committed)."""
+        return COMMITTED if error is None else cls(code_of(error), str(error)[:ERROR_TEXT])
+
+
+COMMITTED: Final = Verdict(0)
+"""The verdict of a commit that was committed."""
+
+
+@message(27)
+class VerdictsResponse(Message):
+    """The answer to a :class:`CommitsRequest`: one verdict per commit, in order."""
+
+    request_id: int = wire(REQUEST_ID)
+    verdicts: tuple[Verdict, ...] = wire(Array(Nested(Verdict), limit="max_batch_events"))
+
+
 @message(23)
 class EventsResponse(Message):
     """Events answering :class:`GetEventsRequest` or :class:`SystemRequest`.
@@ -368,6 +410,7 @@ RESPONSES: Final[Mapping[type[Message], tuple[type[Message], ...]]] = MappingPro
         SubscribeRequest: (DeltasResponse,),
         UnsubscribeRequest: (Ack,),
         CommitRequest: (Ack,),
+        CommitsRequest: (VerdictsResponse,),
         SystemRequest: (EventsResponse,),
     }
 )

@@ -54,6 +54,7 @@ from mycelia.proto.state import EntityState
 
 __all__ = [
     "BOOL",
+    "COMMITS",
     "ENTITY_ID",
     "EVENTS",
     "EVENT_ID",
@@ -247,6 +248,30 @@ class _Events:
 
 
 @dataclass(frozen=True, slots=True)
+class _Commits:
+    plain: ClassVar[bool] = False
+
+    def encode(self, value: tuple[tuple[Event, ...], ...]) -> object:
+        return [[e.to_bytes() for e in commit] for commit in value]
+
+    def decode(self, obj: object, what: str, limits: Limits) -> tuple[tuple[Event, ...], ...]:
+        commits = expect_list(obj, what, max_len=limits.max_batch_events)
+        if not commits:
+            raise DecodeError(f"{what} holds no commit")
+        total = 0
+        for commit in commits:  # every bound checked before any event is decoded (hashed)
+            events = expect_list(commit, what, max_len=limits.max_batch_events)
+            if not events:
+                raise DecodeError(f"a commit of {what} has no events")
+            total += len(events)
+        if total > limits.max_batch_events:
+            raise PayloadTooLarge(
+                f"{what} holds {total} events in all, at most {limits.max_batch_events}"
+            )
+        return tuple([EVENTS.decode(commit, what, limits) for commit in commits])
+
+
+@dataclass(frozen=True, slots=True)
 class _State:
     plain: ClassVar[bool] = False
 
@@ -280,6 +305,9 @@ EVENT_ID: Final = _Id(EventId)
 NODE_ID: Final = _Id(NodeId)
 EVENTS: Final = _Events()
 """Events as their canonical bytes, each re-hashed on decode (at most ``max_batch_events``)."""
+COMMITS: Final = _Commits()
+"""Commits, each a non-empty run of events (as :data:`EVENTS`): at least one, and at most
+``max_batch_events`` events in all."""
 STATE: Final = _State()
 """An :class:`~mycelia.proto.EntityState` in its wire form."""
 
