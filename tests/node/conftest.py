@@ -8,10 +8,36 @@ import pytest
 
 import mycelia
 from mycelia import Connection, Node, Server
+from mycelia.entity import Snapshot
+from mycelia.errors import PolicyDenied
+from mycelia.node import PermissiveAgent
 from mycelia.node.inprocess import InProcessServer
+from mycelia.node.policy import Credentials
+from mycelia.proto import AdmittedEvent
 from mycelia.storage import MemoryStorage
 
 NodeFactory = Callable[..., Awaitable[tuple[Node, Connection]]]
+
+
+class RefusesTitle(PermissiveAgent):
+    """Refuses any write that leaves a document titled ``refused``."""
+
+    def check_event(
+        self, credentials: Credentials, before: Snapshot, after: Snapshot, event: AdmittedEvent
+    ) -> None:
+        if after.values.get("title") == "refused":
+            raise PolicyDenied("documents may not be titled 'refused'")
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[InProcessServer]:
+    """A durable node served in process, whose policy refuses the title ``refused``."""
+    node = await Node.open(MemoryStorage(), durable=True, policy=RefusesTitle())
+    await node.create_system()
+    server = InProcessServer(node)
+    yield server
+    await server.close()
+    await node.close()
 
 
 @pytest.fixture

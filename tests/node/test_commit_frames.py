@@ -8,10 +8,8 @@ the client meanwhile is known exactly.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import pytest
 
 from mycelia import EntityId, Node
 from mycelia.errors import PayloadTooLarge, PolicyDenied
@@ -19,8 +17,7 @@ from mycelia.node.flight import FRAMES
 from mycelia.node.inprocess import InProcessServer
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import CommitRequest, CommitsRequest, ErrorResponse
-from mycelia.storage import MemoryStorage
-from tests.node.test_commits import Doc, RefusesTitle, client_of, create
+from tests.node.test_commits import Doc, client_of, create
 
 
 class Held:
@@ -52,16 +49,6 @@ class Held:
 
     def release(self) -> None:
         self._release.set()
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[InProcessServer]:
-    node = await Node.open(MemoryStorage(), durable=True, policy=RefusesTitle())
-    await node.create_system()
-    server = InProcessServer(node)
-    yield server
-    await server.close()
-    await node.close()
 
 
 async def _edit(node: Node, entity: EntityId, **values: Any) -> Any:

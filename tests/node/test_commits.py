@@ -7,13 +7,12 @@ memory transports: every step is deterministic), except where a real websocket m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from mycelia import Model, Node, Text
-from mycelia.entity import Snapshot
 from mycelia.errors import (
     CODES,
     CommitReverted,
@@ -32,12 +31,10 @@ from mycelia.errors import (
     error_class,
     remote,
 )
-from mycelia.node import PermissiveAgent
-from mycelia.node.commits import Rejection, _refusal
 from mycelia.node.inprocess import InProcessServer
 from mycelia.node.live import LiveQuery
-from mycelia.node.policy import Credentials
-from mycelia.proto import AdmittedEvent, EntityId
+from mycelia.node.refusals import Rejection, refusal_in
+from mycelia.proto import EntityId
 from mycelia.storage import MemoryStorage
 from tests.node.conftest import NodeFactory
 
@@ -46,26 +43,6 @@ class Doc(Model, collection="docs"):
     title: str
     n: int = 0
     body: Text = Text()
-
-
-class RefusesTitle(PermissiveAgent):
-    """Refuses any write that leaves a document titled ``refused``."""
-
-    def check_event(
-        self, credentials: Credentials, before: Snapshot, after: Snapshot, event: AdmittedEvent
-    ) -> None:
-        if after.values.get("title") == "refused":
-            raise PolicyDenied("documents may not be titled 'refused'")
-
-
-@pytest.fixture
-async def served() -> AsyncIterator[InProcessServer]:
-    node = await Node.open(MemoryStorage(), durable=True, policy=RefusesTitle())
-    await node.create_system()
-    server = InProcessServer(node)
-    yield server
-    await server.close()
-    await node.close()
 
 
 async def client_of(server: InProcessServer) -> Node:
@@ -326,7 +303,7 @@ async def test_a_commit_forked_before_a_snapshot_moved_the_head_is_not_refused_l
 )
 def test_a_peers_error_code_reverts_only_when_it_says_never(code: int, refused: bool) -> None:
     error = remote(code, "from the peer")
-    verdict = _refusal(error)
+    verdict = refusal_in(error)
     assert (verdict is not None) is refused
     if refused:
         assert type(verdict) is error_class(code)

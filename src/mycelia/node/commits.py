@@ -15,12 +15,13 @@ written (:class:`LocalCommits`). An ephemeral node's commit (:class:`CommitPipel
    confirmer takes the answers in order: an Ack (or a commit's verdict) settles a commit
    (its waiters wake; its record is deleted, in batches). An error answering a frame of
    several commits as a whole settles none of them, and from then on each goes alone.
-3. **A refusal reverts, visibly.** The pipeline closes its gate (new local commits wait),
-   lets every commit in flight be answered, and takes out the refused commits and every
-   owed commit built on them (by event parents, transitively). The entities they touch are
-   fetched from the peer and reset to its state, with this node's other owed commits on
-   them (those the peer does not hold yet) replayed on top, in one write that also
-   settles the reverted records. Live queries show the change; waiters get the refusal
+3. **A refusal reverts, visibly** (what counts as one: :mod:`mycelia.node.refusals`).
+   The pipeline closes its gate (new local commits wait), lets every commit in flight be
+   answered, and takes out the refused commits and every owed commit built on them (by
+   event parents, transitively). The entities they touch are fetched from the peer and
+   reset to its state, with this node's other owed commits on them (those the peer does
+   not hold yet) replayed on top, in one write that also settles the reverted records.
+   Live queries show the change; waiters get the refusal
    (:class:`~mycelia.errors.CommitReverted` for a dependent, with the refusal as cause);
    :meth:`CommitPipeline.rejections` streams a :class:`Rejection` for each.
 4. **A session that ends** leaves owed commits owed; the next one pushes them again (the
@@ -39,24 +40,16 @@ import functools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Final
 
 from mycelia.entity import Applier, Entity, EventCheck, ForkBase
 from mycelia.errors import (
-    CommitReverted,
     ConnectionClosed,
-    DecodeError,
     InvalidArgument,
-    LineageError,
     MyceliaError,
-    PendingLimit,
-    PolicyDenied,
     ProtocolError,
     RemoteError,
     RequestTimeout,
-    SystemError_,
-    error_class,
 )
 from mycelia.node.flight import (
     DONE,
@@ -71,6 +64,7 @@ from mycelia.node.flight import (
 )
 from mycelia.node.outbox import Outbox, Owed
 from mycelia.node.ports import Commit, MakeRequest, Session
+from mycelia.node.refusals import LATER, Later, Rejection, doomed_by, refusal_in
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, Event, EventId, Limits
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
@@ -92,47 +86,6 @@ REJECTIONS_KEPT: Final = 1024
 """Rejection records a slow reader of ``rejections()`` may fall behind by (then dropped)."""
 FRAME_MARGIN: Final = 64 * 1024
 """Room a commit request leaves in a frame for its envelope."""
-REFUSALS: Final = (PolicyDenied, DecodeError, SystemError_, LineageError, InvalidArgument)
-"""What a durable peer's answer must name for a commit to count as refused (and be
-reverted): errors that say it will never take the commit. Anything else — a storage
-failure there, an internal error, an error kind this node does not know, and
-``EventNotFound`` (a parent the peer lacks: either refused too, which this node finds
-itself from the commits' parents, or not yet received from another server of a cluster)
-— means "not now": the commit stays owed and a later session pushes it again. Reverting
-loses the user's work, pushing again costs nothing, so only what is certain reverts."""
-
-
-def _refusal(exc: RemoteError) -> MyceliaError | None:
-    """The refusal ``exc`` names, or None if it only says "not now" (see REFUSALS).
-
-    A peer's error arrives by its stable code as an instance of the class the code names
-    (:func:`mycelia.errors.remote`); a code this node does not know is read as its nearest
-    known ancestor, so a new kind of decode error still refuses, and an unknown family
-    (the root code) says "not now".
-    """
-    if not isinstance(exc, REFUSALS) or isinstance(exc, PendingLimit):
-        return None  # (PendingLimit: the peer is busy holding events for others)
-    try:
-        return error_class(exc.code)(f"the durable peer refused: {exc}")
-    except TypeError:
-        return exc
-
-
-class _Later:
-    """The verdict "not now" (see :data:`REFUSALS`)."""
-
-
-LATER: Final = _Later()
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """A local commit that was reverted: the durable peer refused it, or one it built on."""
-
-    events: tuple[EventId, ...]
-    entities: tuple[EntityId, ...]
-    error: MyceliaError
-    """The peer's refusal, or CommitReverted (its ``__cause__`` is that refusal)."""
 
 
 class _SessionOver(Exception):
@@ -382,7 +335,7 @@ class CommitPipeline:
                 flight.pop()
                 if verdict is None:
                     self._confirmed(pending)
-                elif isinstance(verdict, _Later):
+                elif isinstance(verdict, Later):
                     raise _SessionOver(
                         f"the durable peer could not take commit {pending.owed.seq} now"
                     )
@@ -395,7 +348,7 @@ class CommitPipeline:
 
     async def _answer(
         self, session: Session, future: asyncio.Future[Message]
-    ) -> MyceliaError | _Later | None:
+    ) -> MyceliaError | Later | None:
         """The peer's verdict on one commit: None (confirmed), its refusal, or LATER.
 
         Raises _SessionOver when there will be no verdict in this session: it closed, or
@@ -408,7 +361,7 @@ class CommitPipeline:
         try:
             future.result()
         except RemoteError as exc:
-            refusal = _refusal(exc)
+            refusal = refusal_in(exc)
             if refusal is None:
                 log.info("the durable peer could not take a commit now: %s", exc)
                 return LATER
@@ -451,11 +404,11 @@ class CommitPipeline:
                     verdict = await self._answer(session, future)
                     if verdict is None:
                         self._confirmed(pending)
-                    elif isinstance(verdict, _Later):
+                    elif isinstance(verdict, Later):
                         later.append(pending.owed.seq)
                     else:
                         refused[pending.owed.seq] = verdict
-                doomed = self._doomed(refused)
+                doomed = doomed_by({s: p.owed for s, p in self._owed.items()}, refused)
                 try:
                     await self._reset(session, doomed)
                 except (ConnectionClosed, RequestTimeout, ProtocolError) as exc:
@@ -467,30 +420,6 @@ class CommitPipeline:
             self._wake.set()
         if any(seq not in doomed for seq in later):
             raise _SessionOver("the durable peer could not take some commits now")
-
-    def _doomed(self, refused: dict[int, MyceliaError]) -> dict[int, MyceliaError]:
-        """The refused commits and every owed commit built on one, with their errors.
-
-        A commit built on a refused one gets CommitReverted (caused by the refusal it
-        descends from), even when the peer refused it too: its parent was unknown there.
-        """
-        doomed: dict[int, MyceliaError] = {}
-        origin: dict[int, int] = {}
-        cause: dict[EventId, int] = {}
-        for seq, pending in self._owed.items():  # in commit order: parents come first
-            hit = next(
-                (cause[p] for e in pending.owed.events for p in e.parent if p in cause), None
-            )
-            if hit is not None:
-                first = origin[seq] = origin[hit]
-                doomed[seq] = _reverted(seq, first, doomed[first])
-            elif seq in refused:
-                origin[seq] = seq
-                doomed[seq] = refused[seq]
-            else:
-                continue
-            cause.update((e.id, seq) for e in pending.owed.events)
-        return doomed
 
     async def _reset(self, session: Session, doomed: dict[int, MyceliaError]) -> None:
         gone = [self._owed[seq] for seq in sorted(doomed)]
@@ -541,15 +470,6 @@ class CommitPipeline:
             if queue.full():
                 queue.get_nowait()  # a reader that does not keep up loses the oldest
             queue.put_nowait(rejection)
-
-
-def _reverted(seq: int, origin: int, refusal: MyceliaError) -> CommitReverted:
-    error = CommitReverted(
-        f"local commit {seq} was reverted: it was built on local commit {origin}, "
-        f"which the durable peer refused ({refusal})"
-    )
-    error.__cause__ = refusal
-    return error
 
 
 def _commit_request(owed: Owed) -> MakeRequest:

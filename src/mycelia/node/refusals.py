@@ -1,0 +1,112 @@
+"""What a durable peer's answer means for an ephemeral node's owed commit, and which owed
+commits a refusal takes out (the commit pipeline's verdicts, :mod:`mycelia.node.commits`).
+
+Rules:
+
+- Only an answer that says the peer will **never** take the commit is a refusal
+  (:data:`REFUSALS`, read by :func:`refusal_in`); anything else means "not now"
+  (:data:`LATER`): the commit stays owed and is pushed again. Reverting loses the user's
+  work, pushing again costs nothing, so only what is certain reverts.
+- A refusal takes out the refused commit and every owed commit built on it, by event
+  parents, transitively (:func:`doomed_by`); those get
+  :class:`~mycelia.errors.CommitReverted`, caused by the refusal they descend from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from mycelia.errors import (
+    CommitReverted,
+    DecodeError,
+    InvalidArgument,
+    LineageError,
+    MyceliaError,
+    PendingLimit,
+    PolicyDenied,
+    RemoteError,
+    SystemError_,
+    error_class,
+)
+from mycelia.node.outbox import Owed
+from mycelia.proto import EntityId, EventId
+
+__all__ = ["LATER", "REFUSALS", "Later", "Rejection", "doomed_by", "refusal_in"]
+
+REFUSALS: Final = (PolicyDenied, DecodeError, SystemError_, LineageError, InvalidArgument)
+"""What a durable peer's answer must name for a commit to count as refused (and be
+reverted): errors that say it will never take the commit. Anything else — a storage
+failure there, an internal error, an error kind this node does not know, and
+``EventNotFound`` (a parent the peer lacks: either refused too, which this node finds
+itself from the commits' parents, or not yet received from another server of a cluster)
+— means "not now": the commit stays owed and a later session pushes it again."""
+
+
+def refusal_in(exc: RemoteError) -> MyceliaError | None:
+    """The refusal ``exc`` names, or None if it only says "not now" (see REFUSALS).
+
+    A peer's error arrives by its stable code as an instance of the class the code names
+    (:func:`mycelia.errors.remote`); a code this node does not know is read as its nearest
+    known ancestor, so a new kind of decode error still refuses, and an unknown family
+    (the root code) says "not now".
+    """
+    if not isinstance(exc, REFUSALS) or isinstance(exc, PendingLimit):
+        return None  # (PendingLimit: the peer is busy holding events for others)
+    try:
+        return error_class(exc.code)(f"the durable peer refused: {exc}")
+    except TypeError:
+        return exc
+
+
+class Later:
+    """The verdict "not now" (see :data:`REFUSALS`)."""
+
+
+LATER: Final = Later()
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A local commit that was reverted: the durable peer refused it, or one it built on."""
+
+    events: tuple[EventId, ...]
+    entities: tuple[EntityId, ...]
+    error: MyceliaError
+    """The peer's refusal, or CommitReverted (its ``__cause__`` is that refusal)."""
+
+
+def doomed_by(
+    owed: Mapping[int, Owed], refused: Mapping[int, MyceliaError]
+) -> dict[int, MyceliaError]:
+    """The refused commits and every owed commit built on one, with their errors
+    (``owed`` in commit order, by sequence number).
+
+    A commit built on a refused one gets CommitReverted (caused by the refusal it descends
+    from), even when the peer refused it too: its parent was unknown there.
+    """
+    doomed: dict[int, MyceliaError] = {}
+    origin: dict[int, int] = {}
+    cause: dict[EventId, int] = {}
+    for seq, commit in owed.items():  # in commit order: parents come first
+        hit = next((cause[p] for e in commit.events for p in e.parent if p in cause), None)
+        if hit is not None:
+            first = origin[seq] = origin[hit]
+            doomed[seq] = _reverted(seq, first, doomed[first])
+        elif seq in refused:
+            origin[seq] = seq
+            doomed[seq] = refused[seq]
+        else:
+            continue
+        cause.update((e.id, seq) for e in commit.events)
+    return doomed
+
+
+def _reverted(seq: int, origin: int, refusal: MyceliaError) -> CommitReverted:
+    error = CommitReverted(
+        f"local commit {seq} was reverted: it was built on local commit {origin}, "
+        f"which the durable peer refused ({refusal})"
+    )
+    error.__cause__ = refusal
+    return error
