@@ -36,12 +36,12 @@ An event already stored is a no-op.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from mycelia.entity.admission import admit, admit_fresh
 from mycelia.entity.entity import Entity
+from mycelia.entity.locks import EntityLocks
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.residents import Residents
 from mycelia.entity.runs import (
@@ -124,20 +124,14 @@ class Applier:
         """Told of every write's changes, right after it (under the entities' locks)."""
         self._pending = pending if pending is not None else PendingPool()
         self._budget = budget
-        self._locks: dict[EntityId, asyncio.Lock] = {}
+        self.locks = EntityLocks()
+        """The locks that serialise changes to each entity (while they are used)."""
         self._epochs: dict[EntityId, int] = {}
 
     @property
     def pending(self) -> PendingPool:
         """Events held for missing parents."""
         return self._pending
-
-    def lock(self, entity_id: EntityId) -> asyncio.Lock:
-        """The lock that serialises changes to one entity."""
-        lock = self._locks.get(entity_id)
-        if lock is None:
-            lock = self._locks[entity_id] = asyncio.Lock()
-        return lock
 
     async def load(self, entity_id: EntityId) -> Entity | None:
         """The resident entity, loading its stored state if needed (``None`` if unknown)."""
@@ -169,7 +163,7 @@ class Applier:
             Run(meta, forget),
             ids,
             result,
-            lock=self.lock,
+            locks=self.locks,
             write=self._write,
             evict=self._residents.evict,
         )

@@ -14,12 +14,12 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from mycelia.entity.entity import Entity, Snapshot
+from mycelia.entity.locks import EntityLocks
 from mycelia.errors import MyceliaError, PayloadTooLarge
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EventId
 from mycelia.retrieval import CachedGetter, EventSource, LocalGetter, StoredState, WriteBatch
@@ -195,7 +195,7 @@ class Staging:
     error in the body or the write evicts every entity of ``ids``; the locks go last.
     """
 
-    __slots__ = ("_evict", "_ids", "_lock", "_result", "_taken", "_write", "run")
+    __slots__ = ("_evict", "_ids", "_locks", "_result", "_taken", "_write", "run")
 
     def __init__(
         self,
@@ -203,25 +203,24 @@ class Staging:
         ids: list[EntityId],
         result: IngestResult,
         *,
-        lock: Callable[[EntityId], asyncio.Lock],
+        locks: EntityLocks,
         write: Callable[[Run, IngestResult], Awaitable[None]],
         evict: Callable[[EntityId], None],
     ) -> None:
         self.run = run
         self._ids = ids
         self._result = result
-        self._lock = lock
+        self._locks = locks
         self._write = write
         self._evict = evict
-        self._taken: list[asyncio.Lock] = []
+        self._taken: list[EntityId] = []
 
     async def __aenter__(self) -> Run:
         taken = self._taken
         try:
             for entity_id in self._ids:
-                lock = self._lock(entity_id)
-                await lock.acquire()
-                taken.append(lock)
+                await self._locks.acquire(entity_id)
+                taken.append(entity_id)
         except BaseException:
             self._release()
             raise
@@ -250,9 +249,9 @@ class Staging:
             self._evict(entity_id)
 
     def _release(self) -> None:
-        taken = self._taken
+        taken, locks = self._taken, self._locks
         while taken:
-            taken.pop().release()
+            locks.release(taken.pop())
 
 
 class Overlay:

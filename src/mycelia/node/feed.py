@@ -55,7 +55,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeGuard
 
@@ -162,7 +162,7 @@ class FeedFollower:
         store: FeedStore,
         *,
         residents: Residents,
-        lock: Callable[[EntityId], asyncio.Lock],
+        lock: Callable[[EntityId], AbstractAsyncContextManager[None]],
         notify: Callable[[list[EntityChange]], None],
         shows: Callable[[], Collection[str] | None] = lambda: None,
         batch: int = BATCH,

@@ -547,7 +547,7 @@ class Node:
         node hears of their commits; ``None`` when this node is its only writer."""
         if not follows(self._storage):
             return None
-        notify, lock = self._notify, self._applier.lock
+        notify, lock = self._notify, self._applier.locks.held
         return FeedFollower(
             self._storage, residents=self._residents, lock=lock, notify=notify, shows=self._shows
         )
