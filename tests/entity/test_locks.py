@@ -31,7 +31,7 @@ async def _waiting(locks: EntityLocks, entity_id: EntityId) -> asyncio.Task[None
     return task
 
 
-async def test_a_lock_lives_while_it_is_held_or_waited_for_and_goes_with_its_last_user() -> None:
+async def test_a_lock_lives_while_it_is_held_and_goes_with_its_last_user() -> None:
     locks = EntityLocks()
     await locks.acquire(A)
     await locks.acquire(B)
@@ -53,6 +53,16 @@ async def test_a_waiter_cancelled_or_failing_leaves_no_lock_behind() -> None:
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
+    locks.release(A)
+    assert len(locks) == 0
+    await locks.acquire(A)
+    handed = await _waiting(locks, A)
+    then = await _waiting(locks, A)
+    locks.release(A)  # handed to the first waiter, which is cancelled before it runs
+    handed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handed
+    await then  # it passed the lock on
     locks.release(A)
     assert len(locks) == 0
     with pytest.raises(RuntimeError):

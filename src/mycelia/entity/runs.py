@@ -218,8 +218,10 @@ class Staging:
     async def __aenter__(self) -> Run:
         taken = self._taken
         try:
+            locks = self._locks
             for entity_id in self._ids:
-                await self._locks.acquire(entity_id)
+                if not locks.try_acquire(entity_id):
+                    await locks.acquire(entity_id)
                 taken.append(entity_id)
         except BaseException:
             self._release()
