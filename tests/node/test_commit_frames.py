@@ -15,8 +15,10 @@ from mycelia import EntityId, Node
 from mycelia.errors import PayloadTooLarge, PolicyDenied
 from mycelia.node.flight import FRAMES
 from mycelia.node.inprocess import InProcessServer
+from mycelia.proto import Limits
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import CommitRequest, CommitsRequest, ErrorResponse
+from mycelia.storage import MemoryStorage
 from tests.node.test_commits import Doc, client_of, create
 
 
@@ -83,6 +85,24 @@ async def test_commits_made_while_the_frames_are_unanswered_go_in_one_frame(
     assert [e.generation for e in history] == list(range(1, FRAMES + 10)), "in commit order"
     assert (await served.node.context().get(Doc, doc)).n == FRAMES + 8
     assert a.owed() == []
+    await a.close()
+
+
+async def test_a_frame_carries_at_most_the_commits_the_limits_allow(
+    served: InProcessServer,
+) -> None:
+    a = await Node.open(MemoryStorage(), durable=False, limits=Limits(max_batch_commits=3))
+    served.connect(a)
+    await a.wait_ready(timeout=10)
+    doc = await create(a, title="t")
+    held = Held(served)
+    transactions = await _queued_behind_the_frames(a, held, doc)
+    for n in range(FRAMES + 1, FRAMES + 8):  # 7 more: frames of 3, 3 and 1
+        transactions.append(await _edit(a, doc, n=n))
+    held.release()
+    await asyncio.wait_for(asyncio.gather(*(t.confirmed() for t in transactions)), 10)
+    assert held.seen == [1] * FRAMES + [3, 3, 1]
+    assert (await served.node.context().get(Doc, doc)).n == FRAMES + 7
     await a.close()
 
 

@@ -282,7 +282,7 @@ class CommitPipeline:
         limits, queue = self._limits, self._queue
         room = limits.max_frame_bytes - FRAME_MARGIN
         more: list[tuple[Pending, int]] = []
-        while self._batching and queue and len(more) < WINDOW:
+        while self._batching and queue and 1 + len(more) < limits.max_batch_commits:
             pending = queue[0]
             if pending.owed.seq not in self._owed:
                 queue.popleft()  # settled or reverted meanwhile

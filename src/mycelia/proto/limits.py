@@ -13,6 +13,7 @@ from typing import Final
 __all__ = [
     "DEFAULT_LIMITS",
     "FRAME_ENVELOPE",
+    "MAX_BATCH_COMMITS",
     "MAX_BATCH_EVENTS",
     "MAX_CLOCK_WIDTH",
     "MAX_COLLECTION_NAME",
@@ -34,6 +35,9 @@ FRAME_ENVELOPE: Final = 64 * 1024
 """Room a frame keeps for what surrounds one entity's snapshot (ids, names, the message)."""
 MAX_BATCH_EVENTS: Final = 10_000
 """Most events in one batch (a frame, a commit, a bridge)."""
+MAX_BATCH_COMMITS: Final = 128
+"""Most commits in one frame (a ``CommitsRequest``): a responder applies them together, or
+one by one when one is refused, so this bounds the writes one frame can cost."""
 MAX_PARENTS: Final = 256
 """Most parents one event may name."""
 MAX_CLOCK_WIDTH: Final = 256
@@ -54,6 +58,7 @@ class Limits:
 
     max_frame_bytes: int = MAX_FRAME_BYTES
     max_batch_events: int = MAX_BATCH_EVENTS
+    max_batch_commits: int = MAX_BATCH_COMMITS
     max_parents: int = MAX_PARENTS
     max_clock_width: int = MAX_CLOCK_WIDTH
     max_operation_bytes: int = MAX_OPERATION_BYTES

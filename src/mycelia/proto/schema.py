@@ -255,7 +255,7 @@ class _Commits:
         return [[e.to_bytes() for e in commit] for commit in value]
 
     def decode(self, obj: object, what: str, limits: Limits) -> tuple[tuple[Event, ...], ...]:
-        commits = expect_list(obj, what, max_len=limits.max_batch_events)
+        commits = expect_list(obj, what, max_len=limits.max_batch_commits)
         if not commits:
             raise DecodeError(f"{what} holds no commit")
         total = 0
@@ -306,8 +306,8 @@ NODE_ID: Final = _Id(NodeId)
 EVENTS: Final = _Events()
 """Events as their canonical bytes, each re-hashed on decode (at most ``max_batch_events``)."""
 COMMITS: Final = _Commits()
-"""Commits, each a non-empty run of events (as :data:`EVENTS`): at least one, and at most
-``max_batch_events`` events in all."""
+"""Commits, each a non-empty run of events (as :data:`EVENTS`): at least one, at most
+``max_batch_commits`` of them, and at most ``max_batch_events`` events in all."""
 STATE: Final = _State()
 """An :class:`~mycelia.proto.EntityState` in its wire form."""
 

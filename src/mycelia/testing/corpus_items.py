@@ -301,6 +301,12 @@ def _oversized(fx: Fixture) -> list[CorpusItem]:
                 pack([CommitsRequest.TAG, 1, [[b""] * 5_001, [b""] * 5_001]]),
                 "error:PayloadTooLarge",
             ),
+            (
+                "too-many-commits",
+                "129 commits in one frame (the limit is 128), refused before any is read",
+                pack([CommitsRequest.TAG, 1, [[b""]] * 129]),
+                "error:PayloadTooLarge",
+            ),
             ("wide-known-head", "a fetch claiming a 257-id head", fetch, "error:PayloadTooLarge"),
             (
                 "long-collection-name",
