@@ -12,7 +12,8 @@ may get: ``error:<Kind>`` (an :class:`~mycelia.proto.peering.ErrorResponse` nami
 then a close) or ``close``. Categories: malformed frames and handshakes, forged ids (bytes
 of a real event altered), foreign parents, oversized clocks and batches, cycles by claim,
 phantom entities, replays from another system, reserved collections, malformed operations
-and bad queries (the items: :mod:`mycelia.testing.corpus_items`).
+and bad queries (the items: :mod:`mycelia.testing.corpus_items`, built from the fixture of
+:mod:`mycelia.testing.corpus_fixture`).
 
 Invariants:
 
@@ -37,13 +38,8 @@ from pathlib import Path
 from typing import Final
 
 from mycelia.proto import EntityId
-from mycelia.testing.corpus_items import (
-    CorpusItem,
-    CorpusNote,
-    Fixture,
-    all_items,
-    open_fixture,
-)
+from mycelia.testing.corpus_fixture import CorpusItem, CorpusNote, Fixture, open_fixture
+from mycelia.testing.corpus_items import all_items
 
 __all__ = [
     "CORPUS_VERSION",

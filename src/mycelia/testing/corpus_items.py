@@ -10,15 +10,10 @@ Invariant: building twice from fixtures opened with the same seeds gives the sam
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Final
 
 from mycelia.entity.backends.lww import encode_diff
-from mycelia.entity.model import Model, Text
 from mycelia.entity.values import encode_value
-from mycelia.node import Node
 from mycelia.node.identity import NodeKey
 from mycelia.proto import SYSTEM_COLLECTION, Clock, EntityId, Event, EventId
 from mycelia.proto.codec import pack
@@ -36,68 +31,14 @@ from mycelia.proto.peering import (
     SubscribeRequest,
     SubscriptionUpdate,
 )
-from mycelia.storage import MemoryStorage
+from mycelia.testing.corpus_fixture import (
+    CorpusItem,
+    CorpusNote,
+    Fixture,
+    Row,
+)
 
-__all__ = ["CorpusItem", "CorpusNote", "Fixture", "all_items", "open_fixture", "seeded_node"]
-
-FIXTURE_SEED: Final = "mycelia-corpus/fixture/1"
-
-Row = tuple[str, str, bytes, str]
-"""(name, description, frame, expected outcome)."""
-
-
-class CorpusNote(Model, collection="corpus_notes"):
-    """The fixture's model."""
-
-    text: str
-    body: Text
-
-
-@dataclass(frozen=True)
-class Fixture:
-    """A node the corpus targets, and the events it holds."""
-
-    node: Node
-    root: EntityId
-    a: tuple[Event, ...]
-    """Note A: its genesis, then one edit."""
-    b: tuple[Event, ...]
-    """Note B: its genesis."""
-
-
-@dataclass(frozen=True)
-class CorpusItem:
-    """One hostile input and the outcomes it may get (see :mod:`mycelia.testing.corpus`)."""
-
-    name: str
-    category: str
-    description: str
-    frames: tuple[bytes, ...]
-    expect: tuple[str, ...]
-    phase: str = "ready"
-    """``raw``: sent before any handshake; ``ready``: after a completed handshake."""
-    handshake_root: bytes | None = None
-    """The system root the client announces (``None``: the fixture's)."""
-
-
-async def seeded_node(seed: str) -> Node:
-    """A durable node with its own system, all its entropy drawn from ``seed``."""
-    node = await Node.open(MemoryStorage(), durable=True, rng=random.Random(seed))
-    await node.create_system()
-    return node
-
-
-async def open_fixture(seed: str = FIXTURE_SEED) -> Fixture:
-    """A node holding note A (created, then edited) and note B, from fixed entropy."""
-    node = await seeded_node(seed)
-    async with node.context().transaction() as trx:
-        a = trx.create(CorpusNote, text="a", body="alpha")
-        b = trx.create(CorpusNote, text="b", body="beta")
-    async with node.context().transaction() as trx:
-        (await trx.edit(CorpusNote, a.id)).text = "a2"
-    events = [tuple(e.event for e in await node.storage.events_of(x.id)) for x in (a, b)]
-    assert node.system_root is not None
-    return Fixture(node, node.system_root, events[0], events[1])
+__all__ = ["all_items"]
 
 
 def _items(category: str, rows: Sequence[Row], *, phase: str = "ready") -> list[CorpusItem]:
