@@ -220,7 +220,7 @@ class Staging:
         try:
             locks = self._locks
             for entity_id in self._ids:
-                if not locks.try_acquire(entity_id):
+                if not locks.try_acquire(entity_id):  # (a free lock: no coroutine made)
                     await locks.acquire(entity_id)
                 taken.append(entity_id)
         except BaseException:
