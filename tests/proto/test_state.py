@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mycelia.errors import DecodeError, InvalidArgument
+from mycelia.proto import state as state_module
 from mycelia.proto.clock import Clock
-from mycelia.proto.codec import pack
+from mycelia.proto.codec import KNOWN_NAMES, expect_name, pack, valid_names
 from mycelia.proto.ids import EntityId, EventId
+from mycelia.proto.limits import Limits
 from mycelia.proto.state import EntityState, State
 from mycelia.testing.strategies import entity_ids, event_ids
 
@@ -41,3 +43,61 @@ def test_a_generation_below_one_is_refused() -> None:
     wire[2][1] = [0]  # type: ignore[index]
     with pytest.raises(DecodeError, match="at least 1"):
         EntityState.from_bytes(pack(wire))
+
+
+def _decoded(obj: object) -> State | type[Exception]:
+    try:
+        return State.from_wire(obj)
+    except Exception as exc:  # the outcome compared: a state, or the error's type
+        return type(exc)
+
+
+near_plain_states = st.tuples(
+    st.lists(st.one_of(st.binary(min_size=32, max_size=32), st.binary(max_size=33)), max_size=2),
+    st.lists(st.one_of(st.integers(-1, 3), st.booleans()), max_size=2),
+    st.lists(
+        st.one_of(
+            st.tuples(
+                st.sampled_from(["lww", "text", "zz", "9bad", ""]),
+                st.one_of(st.binary(max_size=8), st.integers(0, 3)),
+            ).map(list),
+            st.integers(0, 3),
+        ),
+        max_size=3,
+    ),
+).map(list)
+
+
+@given(near_plain_states)
+@example([[bytes(32)], [1], [["zz", b""], ["lww", b""]]])  # out of order: sorted
+@example([[bytes(32)], [1], [["lww", b""], ["lww", b"x"]]])  # twice: refused
+@example([[bytes(32)], [True], [["lww", b""]]])
+def test_the_unchecked_decoding_of_the_common_shape_agrees_with_the_checked_one(
+    obj: list[object],
+) -> None:
+    for name in ("lww", "text", "zz", "albums"):
+        expect_name(name, "name")  # known: the fast path may take them
+    fast = _decoded(obj)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(state_module, "_plain_state", lambda obj, names: None)
+        checked = _decoded(obj)
+    assert fast == checked
+
+
+def test_a_name_never_checked_goes_through_the_checks() -> None:
+    head = [bytes(32)]
+    fresh = Limits()
+    assert "a-new-backend" not in valid_names(fresh)
+    state = State.from_wire([head, [1], [["a-new-backend", b"x"]]], limits=fresh)
+    assert state.buffers == (("a-new-backend", b"x"),)
+    assert "a-new-backend" in valid_names(fresh)
+    with pytest.raises(DecodeError, match="not a valid name"):
+        State.from_wire([head, [1], [["9-bad", b"x"]]], limits=fresh)
+    assert "9-bad" not in valid_names(fresh)
+
+
+def test_remembered_names_are_bounded() -> None:
+    fresh = Limits()
+    for i in range(KNOWN_NAMES + 10):
+        expect_name(f"n{i}", "name", limits=fresh)
+    assert len(valid_names(fresh)) == KNOWN_NAMES

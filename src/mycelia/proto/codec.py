@@ -215,11 +215,30 @@ def expect_int(obj: object, what: str, *, minimum: int | None = None) -> int:
 
 
 def expect_name(obj: object, what: str, *, limits: Limits = DEFAULT_LIMITS) -> str:
-    """``obj`` as a collection/backend/property name (see :data:`NAME_PATTERN`)."""
+    """``obj`` as a collection/backend/property name (see :data:`NAME_PATTERN`); a valid
+    name is remembered among :func:`valid_names` (at most :data:`KNOWN_NAMES` of them)."""
     name = expect_str(obj, what, max_len=limits.max_name_length)
     if not NAME_PATTERN.match(name):
         raise DecodeError(f"{what} {name!r} is not a valid name (letters, digits, _ . -)")
+    names = valid_names(limits)
+    if len(names) < KNOWN_NAMES:
+        names.add(name)
     return name
+
+
+KNOWN_NAMES: Final = 4096
+"""Most names :func:`valid_names` remembers per :class:`Limits` (hostile input naming
+new ones each time adds nothing past them)."""
+
+
+def valid_names(limits: Limits) -> set[str]:
+    """Names :func:`expect_name` has accepted under ``limits``: a decoder's fast path takes
+    a string among them without checking it again (memoised on ``limits``)."""
+    names: set[str] | None = limits.cache.get("names")  # type: ignore[assignment]
+    if names is None:
+        names = set()
+        limits.cache["names"] = names
+    return names
 
 
 def expect_items(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from mycelia.errors import DecodeError, InvalidArgument
 from mycelia.proto.clock import EMPTY_CLOCK, Clock
@@ -26,6 +26,7 @@ from mycelia.proto.codec import (
     expect_name,
     pack,
     unpack,
+    valid_names,
 )
 from mycelia.proto.ids import ID_LENGTH, EntityId, EventId
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
@@ -33,6 +34,9 @@ from mycelia.proto.limits import DEFAULT_LIMITS, Limits
 __all__ = ["Attested", "Buffer", "Deferred", "EntityState", "Merge", "State"]
 
 T = TypeVar("T")
+
+MAX_BUFFERS: Final = 64
+"""Most backend buffers one state may hold."""
 
 
 class Deferred:
@@ -110,6 +114,20 @@ class State:
         lazy = any(type(b) is Deferred for _, b in buffers)
         setattr_(self, "_parts", buffers if lazy else None)
         setattr_(self, "_buffers", None if lazy else buffers)
+
+    @classmethod
+    def _of_bytes(
+        cls, head: Clock, generations: tuple[int, ...], buffers: tuple[tuple[str, bytes], ...]
+    ) -> State:
+        # For decoders that have just checked the shape (one generation per id, byte
+        # buffers sorted by name): skips the checks of __init__.
+        state = cls.__new__(cls)
+        setattr_ = object.__setattr__
+        setattr_(state, "head", head)
+        setattr_(state, "generations", generations)
+        setattr_(state, "_parts", None)
+        setattr_(state, "_buffers", buffers)
+        return state
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"State is immutable (cannot set {name!r})")
@@ -221,6 +239,9 @@ class State:
         """Decode :meth:`to_wire` (and, given ``merge``, :meth:`to_stored`: a buffer given
         as parts becomes a :class:`Deferred` of ``merge(backend, parts)``); raises
         DecodeError on any malformed field."""
+        plain = _plain_state(obj, valid_names(limits))
+        if plain is not None:
+            return plain
         head_raw, gens_raw, bufs_raw = expect_list(obj, "state", length=3)
         ids = expect_list(head_raw, "state head", max_len=limits.max_clock_width)
         gens = expect_list(gens_raw, "state generations", length=len(ids))
@@ -231,7 +252,7 @@ class State:
             for i, g in zip(ids, gens, strict=True)
         }
         buffers: dict[str, Buffer] = {}
-        for item in expect_list(bufs_raw, "state buffers", max_len=64):
+        for item in expect_list(bufs_raw, "state buffers", max_len=MAX_BUFFERS):
             name_raw, buf = expect_list(item, "state buffer", length=2)
             name = expect_name(name_raw, "backend name", limits=limits)
             if name in buffers:
@@ -241,6 +262,37 @@ class State:
             else:
                 buffers[name] = expect_bytes(buf, f"buffer of {name}")
         return cls.of(head=pairs, buffers=buffers)
+
+
+def _plain_state(obj: object, names: set[str]) -> State | None:
+    """``obj`` decoded in the common shape, checked with no call per field: a head of one
+    id, its generation, and byte buffers under known names in order (a stored state, or a
+    peer's snapshot of an entity edited by one writer at a time). ``None`` for any other
+    shape: :meth:`State.from_wire` then checks it field by field, with the errors that say
+    what is wrong."""
+    if type(obj) is not list or len(obj) != 3:
+        return None
+    head, gens, buffers = obj
+    if type(head) is not list or len(head) != 1 or type(gens) is not list or len(gens) != 1:
+        return None
+    event_id, generation = head[0], gens[0]
+    if type(event_id) is not bytes or len(event_id) != ID_LENGTH:
+        return None
+    if type(generation) is not int or generation < 1:
+        return None
+    if type(buffers) is not list or len(buffers) > MAX_BUFFERS:
+        return None
+    pairs: list[tuple[str, bytes]] = []
+    last = ""
+    for item in buffers:
+        if type(item) is not list or len(item) != 2:
+            return None
+        name, buf = item
+        if type(name) is not str or name not in names or name <= last or type(buf) is not bytes:
+            return None
+        pairs.append((name, buf))
+        last = name
+    return State._of_bytes(Clock.single(EventId._trusted(event_id)), (generation,), tuple(pairs))
 
 
 Merge = Callable[[str, tuple[bytes, ...]], bytes]
@@ -275,8 +327,9 @@ class EntityState:
         :meth:`State.from_wire`); raises DecodeError on any malformed field."""
         entity_raw, collection, state = expect_list(obj, "entity state", length=3)
         entity = EntityId._trusted(expect_bytes(entity_raw, "entity id", length=ID_LENGTH))
-        name = expect_name(collection, "collection", limits=limits)
-        return cls(entity, name, State.from_wire(state, limits=limits, merge=merge))
+        if type(collection) is not str or collection not in valid_names(limits):
+            collection = expect_name(collection, "collection", limits=limits)
+        return cls(entity, collection, State.from_wire(state, limits=limits, merge=merge))
 
     def to_bytes(self) -> bytes:
         """Canonical bytes of this state."""
