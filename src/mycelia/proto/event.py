@@ -42,6 +42,7 @@ from mycelia.proto.codec import (
     pack,
     unpack,
     unpack_options,
+    valid_names,
 )
 from mycelia.proto.ids import ID_LENGTH, EntityId, EventId, shared_entity_id, shared_event_id
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
@@ -69,23 +70,16 @@ Operations = tuple[tuple[str, tuple[bytes, ...]], ...]
 """Per property backend (sorted by name), its diffs in order."""
 
 
-_KNOWN_NAMES: set[str] = set()
-_KNOWN_NAMES_CAP: Final = 4096
-
-
 _ONLY_CONSTRUCTORS: Final = "build an Event with Event.genesis, Event.update or Event.from_bytes"
 
 
 def _check_name(name: object, what: str, limits: Limits) -> str:
-    # Names repeat endlessly (a few collections, two backends); remembering the ones that
-    # passed keeps validation off the decode hot path. Bounded, so hostile input cannot
-    # grow it; the length limit is re-checked because limits differ per node.
-    if type(name) is str and name in _KNOWN_NAMES and len(name) <= limits.max_name_length:
+    # Names repeat endlessly (a few collections, two backends); the ones that passed are
+    # remembered (per limits, bounded: see valid_names), which keeps validation off the
+    # decode hot path.
+    if type(name) is str and name in valid_names(limits):
         return name
-    checked = expect_name(name, what, limits=limits)
-    if len(_KNOWN_NAMES) < _KNOWN_NAMES_CAP:
-        _KNOWN_NAMES.add(checked)
-    return checked
+    return expect_name(name, what, limits=limits)
 
 
 def is_reserved_collection(collection: str) -> bool:
@@ -314,12 +308,12 @@ def _decode_canonical_update(fields: list[object], data: bytes, limits: Limits) 
     (a property test holds them to it); this one only skips the normalising work.
     """
     _, entity, collection, parents, raw_ops = fields
+    names = valid_names(limits)
     if (
         type(entity) is not bytes
         or len(entity) != ID_LENGTH
         or type(collection) is not str
-        or collection not in _KNOWN_NAMES
-        or len(collection) > limits.max_name_length
+        or collection not in names
         or type(parents) is not list
         or not 0 < len(parents) <= limits.max_parents
         or type(raw_ops) is not list
@@ -343,8 +337,7 @@ def _decode_canonical_update(fields: list[object], data: bytes, limits: Limits) 
         if (
             type(name) is not str
             or name <= previous_name
-            or name not in _KNOWN_NAMES
-            or len(name) > limits.max_name_length
+            or name not in names
             or type(diffs) is not list
             or not 0 < len(diffs) <= limits.max_array_length
         ):

@@ -22,8 +22,17 @@ from typing import ClassVar, Final, Self
 from mycelia.entity.values import decode_value
 from mycelia.errors import DecodeError
 from mycelia.proto import AdmittedEvent, EventId
-from mycelia.proto.codec import expect_bytes, expect_int, expect_list, expect_name, pack, unpack
+from mycelia.proto.codec import (
+    expect_bytes,
+    expect_int,
+    expect_list,
+    expect_name,
+    pack,
+    unpack,
+    valid_names,
+)
 from mycelia.proto.ids import ID_LENGTH
+from mycelia.proto.limits import DEFAULT_LIMITS
 
 __all__ = ["LwwBackend"]
 
@@ -168,15 +177,13 @@ def encode_diff(writes: dict[str, bytes]) -> bytes:
     return pack([[p, writes[p]] for p in sorted(writes)])
 
 
-_NAMES: set[str] = set()  # property names already validated (bounded in _name)
+_NAMES: Final = valid_names(DEFAULT_LIMITS)
+"""Property names already validated (bounded: see valid_names)."""
 
 
 def _name(prop: object) -> str:
     """``prop`` as a property name (DecodeError if it is none), remembered once valid."""
-    name = expect_name(prop, "property")
-    if len(_NAMES) < 4096:
-        _NAMES.add(name)
-    return name
+    return expect_name(prop, "property")
 
 
 def decode_diff(diff: bytes) -> list[tuple[str, bytes]]:
