@@ -5,7 +5,8 @@ and every replica converges to the same state without coordination. See ARCHITEC
 for the contract and README.md for a tour.
 """
 
-from mycelia.entity.model import Json, Model, Ref, Text
+from mycelia.entity.fieldtypes import Json, Ref, Text
+from mycelia.entity.model import Model
 from mycelia.node import (
     Context,
     Credentials,

@@ -7,8 +7,10 @@ import random
 import pytest
 
 from mycelia.entity.backends import ClientIds
+from mycelia.entity.draft import Draft
 from mycelia.entity.entity import Entity, Snapshot
-from mycelia.entity.model import Draft, Handle, Model, Ref, Text, View
+from mycelia.entity.fieldtypes import Ref, Text
+from mycelia.entity.model import Handle, Model, View
 from mycelia.errors import InvalidArgument, TransactionClosed
 from mycelia.proto import Clock, EntityId, EventId
 

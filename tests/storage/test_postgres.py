@@ -149,14 +149,14 @@ async def test_a_batch_made_on_the_stored_heads_is_one_statement_and_stores_the_
     for at_once in (False, True):
         engine = await PostgresStorage(pg_schemas.dsn, schema=pg_schemas.new_schema()).open()
         single: list[bool] = []
-        real = engine._write_at_once
+        real = engine._writer._write_at_once
 
         async def counted(*args: Any, real: Any = real, single: list[bool] = single) -> Any:
             done = await real(*args)
             single.append(done is not None)
             return done
 
-        monkeypatch.setattr(engine, "_write_at_once", counted)
+        monkeypatch.setattr(engine._writer, "_write_at_once", counted)
         try:
             for event, values, base in batches:
                 bases = {h.entity_id: base} if at_once else {}
@@ -252,7 +252,7 @@ async def test_concurrent_writes_share_a_statement_and_each_gets_its_own_result(
     for together in (False, True):
         engine = await PostgresStorage(pg_schemas.dsn, schema=pg_schemas.new_schema()).open()
         statements: list[list[Any]] = []
-        real = engine._groups._run
+        real = engine._writer._groups._run
 
         async def counted(
             params: list[Any], real: Any = real, statements: list[list[Any]] = statements
@@ -260,7 +260,7 @@ async def test_concurrent_writes_share_a_statement_and_each_gets_its_own_result(
             statements.append(params)
             return await real(params)
 
-        monkeypatch.setattr(engine._groups, "_run", counted)
+        monkeypatch.setattr(engine._writer._groups, "_run", counted)
         try:
             first = await engine.write(genesis_batch(stale))
             rest = [genesis_batch(h) for h in histories[1:]]

@@ -10,6 +10,11 @@
         meta: Json                 # any JSON value, LWW
         cover: Ref[Image] | None   # another entity's id, LWW
 
+The field types (``Text``, ``Json``, ``Ref``) are in :mod:`mycelia.entity.fieldtypes`, a
+handle's working copy of its entity (:class:`~mycelia.entity.draft.Draft`) in
+:mod:`mycelia.entity.draft`; this module turns the annotations into field specs and builds
+the views and handles.
+
 Invariants:
 
 - A model class is never instantiated itself. Each one has two derived types, built once
@@ -31,75 +36,22 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Generic, TypeVar, Union
+from typing import Annotated, ClassVar, TypeVar, Union
 
-from mycelia.entity.entity import Entity, Snapshot
-from mycelia.entity.values import check_value, decode_value, encode_value
-from mycelia.errors import InvalidArgument, TransactionClosed
+from mycelia.entity.draft import Draft
+from mycelia.entity.entity import Snapshot
+from mycelia.entity.fieldtypes import JsonMarker, Ref, Text
+from mycelia.entity.values import check_value
+from mycelia.errors import InvalidArgument
 from mycelia.proto import Clock, EntityId
 from mycelia.proto.codec import NAME_PATTERN
 from mycelia.proto.event import RESERVED_PREFIX
 from mycelia.proto.query import Collation
 
-__all__ = ["Draft", "FieldSpec", "Handle", "Json", "Model", "Ref", "Text", "View"]
+__all__ = ["Draft", "FieldSpec", "Handle", "Model", "View"]
 
 M = TypeVar("M", bound="Model")
 K = TypeVar("K", bound="Model")
-R_co = TypeVar("R_co", bound="Model", covariant=True)
-
-
-class Text(str):
-    """A collaborative text field's value (a ``str``).
-
-    On a view it is a read-only snapshot. On a mutable handle, :meth:`insert`,
-    :meth:`delete` and :meth:`replace_all` edit the transaction's copy; read the field
-    again to see the new text. ``trx.create`` and assignment take any ``str``.
-    """
-
-    __slots__ = ()
-
-    if typing.TYPE_CHECKING:  # for the type checker only: a Text field takes a str
-
-        def __get__(self, obj: object, owner: object = None) -> Text: ...
-
-        def __set__(self, obj: object, value: str) -> None: ...
-
-    def insert(self, index: int, text: str) -> None:
-        """Insert ``text`` at ``index`` (mutable handles only)."""
-        raise InvalidArgument("a view's text is read-only: edit it through trx.edit()")
-
-    def delete(self, index: int, length: int) -> None:
-        """Delete ``length`` characters from ``index`` (mutable handles only)."""
-        raise InvalidArgument("a view's text is read-only: edit it through trx.edit()")
-
-    def replace_all(self, text: str) -> None:
-        """Replace the whole text (mutable handles only)."""
-        raise InvalidArgument("a view's text is read-only: edit it through trx.edit()")
-
-
-class _JsonMarker:
-    """Marks a field as holding any JSON value."""
-
-
-Json = Annotated[Any, _JsonMarker]
-"""A field holding any JSON value (dicts, lists, strings, numbers, booleans, None)."""
-
-
-class Ref(EntityId, Generic[R_co]):
-    """A field holding another entity's id (``Ref[Artist]``); compares as its bytes.
-
-    ``trx.create`` and assignment take an id or the entity itself (a view or handle). A
-    None-able reference (``Ref[Artist] | None``) is, to a type checker, a ``Ref`` or
-    ``None``: pass ``Ref(artist.id)``.
-    """
-
-    __slots__ = ()
-
-    if typing.TYPE_CHECKING:  # for the type checker only: a Ref field takes an id or model
-
-        def __get__(self, obj: object, owner: object = None) -> Ref[R_co]: ...
-
-        def __set__(self, obj: object, value: EntityId | Model) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,100 +70,6 @@ class FieldSpec:
     """Turns a stored value into what a view returns (Ref, Text)."""
     collation: Collation | None = None
     """The query collation class of the field's values (``None``: any, a Json field)."""
-
-
-class _TextHandle(Text):
-    """A text field read through a mutable handle: edits go to the transaction's copy."""
-
-    __slots__ = ("_draft", "_field")
-
-    _draft: Draft
-    _field: str
-
-    def __new__(cls, value: str, draft: Draft, field: str) -> _TextHandle:
-        handle = super().__new__(cls, value)
-        object.__setattr__(handle, "_draft", draft)
-        object.__setattr__(handle, "_field", field)
-        return handle
-
-    def insert(self, index: int, text: str) -> None:
-        self._draft.text_insert(self._field, index, text)
-
-    def delete(self, index: int, length: int) -> None:
-        self._draft.text_delete(self._field, index, length)
-
-    def replace_all(self, text: str) -> None:
-        self._draft.set(self._field, text)
-
-
-class Draft:
-    """A transaction's working copy of one entity: a fork plus what the transaction did."""
-
-    __slots__ = ("alive", "base", "entity", "model")
-
-    def __init__(
-        self, model: type[Model], entity: Entity, base: Snapshot, alive: Callable[[], bool]
-    ) -> None:
-        self.model = model
-        self.entity = entity
-        self.base = base
-        self.alive = alive
-
-    def _check(self) -> None:
-        if not self.alive():
-            raise TransactionClosed("this handle's transaction has been committed or rolled back")
-
-    def get(self, field: str) -> object:
-        """The field's value as this transaction sees it."""
-        self._check()
-        spec = self.model._fields[field]
-        if spec.backend == "text":
-            return _TextHandle(self._text(field), self, field)
-        encoded = self.entity.lww().encoded(field)
-        if encoded is None:
-            return spec.default
-        return spec.wrap(decode_value(encoded))
-
-    def set(self, field: str, value: object) -> None:
-        """Write a field on the transaction's copy (checked)."""
-        self._check()
-        spec = self.model._fields.get(field)
-        if spec is None:
-            raise InvalidArgument(f"{self.model.__name__} has no field {field!r}")
-        checked = spec.check(value)
-        if spec.backend == "text":
-            self.entity.text().replace(field, str(checked))
-            return
-        self.entity.lww().set(field, encode_value(checked))
-
-    def _text(self, field: str) -> str:
-        return self.entity.text().value(field)
-
-    def text_insert(self, field: str, index: int, text: str) -> None:
-        """Insert ``text`` at character ``index`` of a text field."""
-        self._check()
-        current = self._text(field)
-        if not 0 <= index <= len(current):
-            raise InvalidArgument(f"insert at {index} is outside {field!r} (length {len(current)})")
-        self.entity.text().insert(field, _byte_offset(current, index), text)
-
-    def text_delete(self, field: str, index: int, length: int) -> None:
-        """Delete ``length`` characters from character ``index`` of a text field."""
-        self._check()
-        current = self._text(field)
-        if index < 0 or length < 0 or index + length > len(current):
-            raise InvalidArgument(
-                f"delete of {length} at {index} is outside {field!r} (length {len(current)})"
-            )
-        if length:
-            start = _byte_offset(current, index)
-            stop = _byte_offset(current, index + length)
-            self.entity.text().delete(field, start, stop)
-
-
-def _byte_offset(text: str, index: int) -> int:
-    """The UTF-8 byte offset of character ``index`` (Yrs counts bytes, users characters)."""
-    return index if text.isascii() else len(text[:index].encode("utf-8"))
 
 
 @typing.dataclass_transform(kw_only_default=True)
@@ -485,7 +343,7 @@ def _kind(
     where = f"{cls.__name__}.{name}"
     if hint is Text:
         return "text", _typed(where, (str,)), lambda v: Text(str(v)), Collation.STRING
-    if typing.get_origin(hint) is Annotated and _JsonMarker in typing.get_args(hint):
+    if typing.get_origin(hint) is Annotated and JsonMarker in typing.get_args(hint):
         return "lww", check_value, _identity, None
     if hint is Ref or typing.get_origin(hint) is Ref:
         wrap = _wrap_ref

@@ -38,11 +38,11 @@ Invariants:
   (:mod:`mycelia.storage.postgres_schema`).
 - Every write batch is **one transaction**: events (``ON CONFLICT DO NOTHING ... RETURNING
   id`` tells which were new), states and their ``field_keys`` rows (replaced whole), feed
-  rows, meta (:mod:`mycelia.storage.postgres_write`, whose invariants say how several
-  processes committing to one entity at once lose no head and orphan no event). A batch
-  whose states were all made on the heads still stored is that transaction in one
-  statement (``write_batch``, a compare-and-set on ``head``). A transaction aborted to
-  break a deadlock is run again.
+  rows, meta (:mod:`mycelia.storage.postgres_writer` runs the writes and loads;
+  :mod:`mycelia.storage.postgres_write`'s invariants say how several processes committing
+  to one entity at once lose no head and orphan no event). A batch whose states were all
+  made on the heads still stored is that transaction in one statement (``write_batch``, a
+  compare-and-set on ``head``). A transaction aborted to break a deadlock is run again.
 - ``fetch`` returns exactly ``sort_rows`` over ``scan``: what maps exactly is pushed down
   (one indexed range or set of keys, as parameters: see :mod:`mycelia.storage.plan`), the
   field's long entries are added (kept if their recomputed key is in range), the whole
@@ -71,18 +71,17 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from mycelia.errors import StorageCorrupt, StorageError, StorageReadOnly
+from mycelia.errors import StorageError
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
 from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
@@ -94,14 +93,13 @@ from mycelia.storage.engine import (
     entity_records,
 )
 from mycelia.storage.plan import IndexPlan, check_bound, plan_query
-from mycelia.storage.postgres_arrays import Bytea, Texts, register
-from mycelia.storage.postgres_group import GroupCommit
+from mycelia.storage.postgres_arrays import Bytea, Texts
 from mycelia.storage.postgres_listen import FeedListener
+from mycelia.storage.postgres_pool import configure, translate
 from mycelia.storage.postgres_schema import check_schema, lock_key, migrate
 from mycelia.storage.postgres_sql import (
     QUERIES,
     SCHEMA_VERSION,
-    StateRow,
     admitted,
     clock,
     decode_state,
@@ -109,51 +107,14 @@ from mycelia.storage.postgres_sql import (
     matching,
     merge_rows,
     sorted_states,
-    state_rows,
 )
-from mycelia.storage.postgres_write import (
-    WriteTransaction,
-    event_columns,
-    events_query,
-    new_ids,
-    offsets,
-    write_at_once,
-    write_batch_params,
-)
+from mycelia.storage.postgres_write import events_query
+from mycelia.storage.postgres_writer import Writer
 from mycelia.storage.recent import RecentEvents
-from mycelia.storage.staging import Spill, load_batches, stale_load
 
 __all__ = ["SCHEMA_VERSION", "PostgresStorage"]
 
-log = logging.getLogger(__name__)
-
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,39}\Z")
-
-
-def _translate(exc: Exception, what: str) -> StorageError:
-    if isinstance(
-        exc, (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege)
-    ):
-        return StorageReadOnly(f"{what}: {exc}")
-    if isinstance(exc, (psycopg.errors.DataCorrupted, psycopg.errors.IndexCorrupted)):
-        return StorageCorrupt(f"{what}: {exc}")
-    return StorageError(f"{what}: {exc}")
-
-
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Each pooled connection sends the engine's array columns in one pass
-    (:mod:`mycelia.storage.postgres_arrays`), and runs its statements without JIT: the
-    planner's cost of the feed's read (a lateral join per row) is past ``jit_above_cost``,
-    and compiling it took 13-200 ms a run, for a query that takes a fraction of one."""
-    register(conn)
-    await conn.execute("SET jit = off")
-
-
-_Written = tuple[frozenset[EventId], tuple[int, ...], list[StateRow]]
-"""What a write did: the new events, the feed offsets taken, and the state rows written
-(joined ones where another process wrote the entity meanwhile)."""
-_ATTEMPTS: Final = 5
-"""Runs of a write transaction that PostgreSQL aborted to break a deadlock."""
 
 
 class PostgresStorage:
@@ -198,7 +159,13 @@ class PostgresStorage:
             poll_interval=poll_interval,
             remember=self._recent.remember,
         )
-        self._groups = GroupCommit(self._run_write_batch, self._batch_params)
+        self._writer = Writer(
+            self._ready,
+            self._q,
+            channel=self.channel,
+            recent=self._recent,
+            listener=self._listener,
+        )
         self._opening = asyncio.Lock()
         self._closed = False
 
@@ -217,7 +184,7 @@ class PostgresStorage:
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 self.dsn, min_size=self._sizes[0], max_size=self._sizes[1],
                 kwargs={"autocommit": True}, open=False, timeout=self._connect_timeout,
-                configure=_configure,
+                configure=configure,
             )  # fmt: skip
             try:
                 await pool.open(wait=True, timeout=self._connect_timeout)
@@ -228,7 +195,7 @@ class PostgresStorage:
                         await check_schema(conn, self.schema)
             except (psycopg.Error, PoolTimeout) as exc:
                 await pool.close()
-                raise _translate(exc, f"cannot open PostgreSQL schema {self.schema}") from exc
+                raise translate(exc, f"cannot open PostgreSQL schema {self.schema}") from exc
             except BaseException:
                 await pool.close()
                 raise
@@ -255,7 +222,7 @@ class PostgresStorage:
                 rows: list[tuple[Any, ...]] = await cursor.fetchall()
                 return rows
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, f"PostgreSQL read ({name}) failed") from exc
+            raise translate(exc, f"PostgreSQL read ({name}) failed") from exc
 
     # ------------------------------------------------------------------ reads
 
@@ -355,7 +322,7 @@ class PostgresStorage:
                     found.extend(matching(ordered, query, limit - len(found)))
                     size = min(4 * size, 4096)
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, f"PostgreSQL read ({name}) failed") from exc
+            raise translate(exc, f"PostgreSQL read ({name}) failed") from exc
         if len(found) < limit:
             found.extend(matching(list(pending), query, limit - len(found)))
         return found
@@ -457,7 +424,7 @@ class PostgresStorage:
                 await conn.execute(self._q["node_key_put"], (name, candidate))
                 row = await (await conn.execute(self._q["node_key"], (name,))).fetchone()
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, "PostgreSQL node key read failed") from exc
+            raise translate(exc, "PostgreSQL node key read failed") from exc
         assert row is not None
         return bytes(row[0])
 
@@ -475,7 +442,7 @@ class PostgresStorage:
                 finally:
                     await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
         except (psycopg.Error, PoolTimeout) as exc:
-            raise _translate(exc, "PostgreSQL start-up lock failed") from exc
+            raise translate(exc, "PostgreSQL start-up lock failed") from exc
 
     # ------------------------------------------------------------------ dump and load
 
@@ -499,156 +466,23 @@ class PostgresStorage:
     async def load(
         self, records: AsyncIterable[DumpRecord], *, if_offset: int | None = None
     ) -> int:
-        """Write a dump stream all or nothing; returns how many events it held.
-
-        The rows are staged in an unlinked temporary file while the stream is read (no
-        transaction is open meanwhile), then written in **one transaction** that first
-        locks the feed clock and checks ``if_offset`` (see the module docstring).
-        """
-        total, last = 0, 0
-        with Spill() as spill:
-            async for batch in load_batches(records):
-                total += len(batch.events)
-                staged = [event_columns(batch.events), state_rows(batch), list(batch.meta)]
-                await asyncio.to_thread(spill.append, staged)
-            pool = await self._ready()
-            try:
-                async with pool.connection() as conn, conn.transaction():
-                    await self._lock_feed(conn, if_offset)
-                    txn = self._transaction(conn)
-                    for item in spill.items():
-                        events, states, meta = cast("list[Any]", item)
-                        if events[0]:
-                            await conn.execute(self._q["insert_events"], events)
-                        feed = await txn.insert_states(states)
-                        if feed is not None:
-                            last = (await offsets(feed, 1))[0]
-                        await txn.write_meta(meta)
-            except (psycopg.Error, PoolTimeout) as exc:
-                raise _translate(exc, "PostgreSQL load failed") from exc
-        if last:
-            self._listener.announce(last)
-        return total
-
-    async def _lock_feed(self, conn: psycopg.AsyncConnection[Any], if_offset: int | None) -> None:
-        """Take the feed clock's row lock (held to commit: no state is written meanwhile)
-        and refuse the load if the feed moved since ``if_offset``."""
-        cursor = await conn.execute(self._q["lock_clock"])
-        row = await cursor.fetchone()
-        assert row is not None
-        if if_offset is not None and int(row[0]) != if_offset:
-            raise stale_load(if_offset, int(row[0]))
+        """Write a dump stream all or nothing; returns how many events it held
+        (:meth:`Writer.load <mycelia.storage.postgres_writer.Writer.load>`)."""
+        return await self._writer.load(records, if_offset=if_offset)
 
     # ------------------------------------------------------------------ writes
 
     async def write(self, batch: WriteBatch) -> WriteResult:
-        """Make ``batch`` durable in one transaction; raises StorageError, writing nothing.
-
-        A batch whose states were all made on the heads still stored (``batch.bases``) is
-        written by one statement, ``write_batch``: one round trip, its commit included.
-        Otherwise (or when a stored head moved meanwhile: that statement then writes
-        nothing) each state is written under its row lock, joined with a state another
-        process stored meanwhile (:mod:`mycelia.storage.join`), in pipelined statements:
-        two round trips, three with a join. A transaction that PostgreSQL aborts to break
-        a deadlock between writers is run again (it wrote nothing).
-        """
-        states = state_rows(batch)  # encodes first: a bad state fails before any I/O
-        if not (batch.events or states or batch.meta or batch.forget):
-            await self._ready()
-            return WriteResult(frozenset(), ())
-        pool = await self._ready()
-        if batch.forget:
-            self._recent.forget_entities(frozenset(batch.forget))
-        at_once = self._batch_params(batch, states)
-        done: _Written | None = None
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                if at_once is not None:
-                    done = await self._write_at_once(pool, at_once, batch, states, attempt)
-                if done is None:
-                    at_once = None  # a stored head moved: this batch joins, however often it runs
-                    done = await self._write_joining(pool, batch, states)
-                break
-            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
-                if attempt == _ATTEMPTS:
-                    raise _translate(exc, "PostgreSQL write failed") from exc
-                log.info("PostgreSQL write aborted (%s); running it again", exc)
-            except (psycopg.Error, PoolTimeout) as exc:
-                raise _translate(exc, "PostgreSQL write failed") from exc
-        assert done is not None  # the loop ends by a write or raises
-        new, taken, rows = done
-        self._recent.remember(batch.events)
-        if taken:
-            self._note_written(rows, taken)
-            self._listener.announce(taken[-1])
-        return WriteResult(new, taken)
-
-    async def _write_at_once(
-        self,
-        pool: AsyncConnectionPool[Any],
-        params: list[Any],
-        batch: WriteBatch,
-        states: list[StateRow],
-        attempt: int,
-    ) -> _Written | None:
-        """``write_batch`` (None: a stored head moved, nothing was written): at first with
-        the writes in flight beside it (:mod:`mycelia.storage.postgres_group`), alone
-        when run again after PostgreSQL aborted it."""
-        if attempt == 1:
-            grouped = await self._groups.write(batch, states, params)
-            return None if grouped is None else (*grouped, states)
-        written = await self._run_write_batch(params, pool)
-        if written is None:
-            return None
-        new, last = written
-        return new, tuple(range(last - len(states) + 1, last + 1)), states
-
-    async def _run_write_batch(
-        self, params: list[Any], pool: AsyncConnectionPool[Any] | None = None
-    ) -> tuple[frozenset[EventId], int] | None:
-        """One ``write_batch`` statement (see :func:`write_at_once`)."""
-        pool = pool or await self._ready()
-        async with pool.connection() as conn:
-            return await write_at_once(conn, self._q["write_batch"], params)
-
-    async def _write_joining(
-        self, pool: AsyncConnectionPool[Any], batch: WriteBatch, states: list[StateRow]
-    ) -> _Written:
-        """The row-locked transaction, pipelined: each state joined with one another
-        process stored meanwhile; returns the rows actually written too."""
-        async with pool.connection() as conn:
-            async with conn.pipeline(), conn.transaction():
-                txn = self._transaction(conn)
-                if batch.forget:
-                    await txn.forget([bytes(e) for e in batch.forget])
-                added = await txn.insert_events(batch.events)
-                rows, inserted = await txn.lock_and_join(batch, states)
-                feed = await txn.insert_states(rows, inserted=inserted, events=batch.events)
-                await txn.write_meta(batch.meta)
-            new = frozenset() if added is None else await new_ids(added)
-            taken = () if feed is None else await offsets(feed, len(rows))
-        return new, taken, rows
-
-    def _batch_params(self, batch: WriteBatch, states: Sequence[StateRow]) -> list[Any] | None:
-        return write_batch_params(batch, states, channel=self.channel, writer=self._listener.writer)
-
-    def _transaction(self, conn: psycopg.AsyncConnection[Any]) -> WriteTransaction:
-        return WriteTransaction(conn, self._q, channel=self.channel, writer=self._listener.writer)
-
-    def _note_written(self, rows: Sequence[StateRow], offsets: Sequence[int]) -> None:
-        """Keep this write's feed rows with those heard of: a follower's read of them (its
-        own commits) costs no query."""
-        self._listener.keep(
-            FeedEntry(offset, EntityId._trusted(row[0]), row[1], clock(row[5]))
-            for row, offset in zip(rows, offsets, strict=True)
-        )
+        """Make ``batch`` durable in one transaction; raises StorageError, writing nothing
+        (:meth:`Writer.write <mycelia.storage.postgres_writer.Writer.write>`)."""
+        return await self._writer.write(batch)
 
     # ------------------------------------------------------------------ closing
 
     async def close(self) -> None:
         """Stop listening and close the pool; further use raises StorageError."""
         self._closed = True
-        await self._groups.close()
+        await self._writer.close()
         await self._listener.close()
         if self._pool is not None:
             await self._pool.close()

@@ -11,7 +11,8 @@ import random
 from dataclasses import dataclass
 from typing import Final
 
-from mycelia.entity.model import Model, Text
+from mycelia.entity.fieldtypes import Text
+from mycelia.entity.model import Model
 from mycelia.node import Node
 from mycelia.proto import EntityId, Event
 from mycelia.storage import MemoryStorage

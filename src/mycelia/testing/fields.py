@@ -22,7 +22,8 @@ import typing
 from dataclasses import dataclass
 from typing import Final
 
-from mycelia.entity.model import Json, Model, Ref, Text
+from mycelia.entity.fieldtypes import Json, Ref, Text
+from mycelia.entity.model import Model
 from mycelia.errors import InvalidArgument
 
 __all__ = [

@@ -6,7 +6,8 @@ with a user's models.
 
 from __future__ import annotations
 
-from mycelia.entity.model import Json, Model, Ref, Text
+from mycelia.entity.fieldtypes import Json, Ref, Text
+from mycelia.entity.model import Model
 
 __all__ = ["SimLink", "SimNote"]
 
