@@ -13,8 +13,8 @@ and the applier before anything is staged.
 Errors travel as codes both ways: a request that fails here, or that could not even be
 decoded, is answered with an :class:`~mycelia.proto.peering.ErrorResponse` and the
 connection goes on; a peer's error response is raised as :func:`mycelia.errors.remote`
-(the typed error, also a RemoteError). A paged answer's pages are joined with its final
-response before the requester sees it (at most :data:`MAX_ANSWER_BYTES`).
+(the typed error, also a RemoteError). Our requests wait for their answers in
+:mod:`mycelia.node.outstanding`, which joins a paged answer's pages with its final response.
 
 Requests from the peer go to the node's :class:`~mycelia.node.ports.Answers` (the
 responder): each is answered as it comes, except commits, which one worker per
@@ -28,9 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from mycelia.errors import (
@@ -38,25 +37,22 @@ from mycelia.errors import (
     MyceliaError,
     NotConnected,
     Overloaded,
-    PayloadTooLarge,
     PolicyDenied,
     PresenceRejected,
     ProtocolError,
     RemoteProtocolError,
     RequestTimeout,
-    remote,
 )
-from mycelia.node.budget import DEFAULT_BOUNDS, Bounds, InFlight, Outgoing, Pool
-from mycelia.node.identity import NodeKey
+from mycelia.node.budget import DEFAULT_BOUNDS, Bounds
+from mycelia.node.outstanding import Outstanding, seen
+from mycelia.node.peer_parts import Identity, UpdateHandler, new_budgets, new_session
 from mycelia.node.policy import Credentials, PeerInfo
 from mycelia.node.ports import Answers, Gate, MakeRequest
-from mycelia.node.session import Faulty, PeerSession, Received, SessionState, Verified
+from mycelia.node.session import Faulty, Received, SessionState, Verified
 from mycelia.node.transport import Transport, allow_frames
-from mycelia.proto import EntityId, Limits, NodeId
+from mycelia.proto import NodeId
 from mycelia.proto.messages import PROTOCOL_VERSION, Message, encode_frame
 from mycelia.proto.peering import (
-    CHALLENGE_LENGTH,
-    PAGES,
     REQUESTS,
     CommitRequest,
     CommitsRequest,
@@ -65,11 +61,10 @@ from mycelia.proto.peering import (
     SubscriptionEnded,
     SubscriptionUpdate,
     expect_response,
-    joined,
 )
 from mycelia.proto.peering import PresenceRejected as PresenceRejectedMessage
 
-__all__ = ["DEFAULT_REQUEST_TIMEOUT", "MAX_ANSWER_BYTES", "Identity", "PeerConnection"]
+__all__ = ["DEFAULT_REQUEST_TIMEOUT", "PeerConnection"]
 
 log = logging.getLogger(__name__)
 
@@ -79,52 +74,8 @@ DEFAULT_REQUEST_TIMEOUT: Final = 30.0
 HANDSHAKE_TIMEOUT: Final = 10.0
 OUTGOING_FRAMES: Final = 4096
 """Frames queued for one peer (besides their bytes) before it counts as too slow."""
-MAX_ANSWER_BYTES: Final = 256 * 1024 * 1024
-"""Bytes of pages this side holds for one answer before it refuses the peer's answer."""
-PAGE_TYPES: Final = tuple(PAGES.values())
 _RESERVED: Final[ContextVar[list[int] | None]] = ContextVar("mycelia_reserved", default=None)
 """In an answering task: the room reserved for its answer's first frame (see _answer)."""
-
-UpdateHandler = Callable[
-    [SubscriptionUpdate | SubscriptionEnded], Coroutine[object, object, None] | None
-]
-"""Takes a pushed update as it is read; returns the work to run on a task of the connection
-(``None``: work already running takes it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """What a connection presents of this node."""
-
-    key: NodeKey
-    durable: bool
-    limits: Limits
-    system_root: Callable[[], EntityId | None]
-    entropy: Callable[[int], bytes]
-    """The node's entropy (handshake challenges)."""
-    answers: Pool = field(default_factory=Pool)
-    """The node's answer pool, shared by its connections (:mod:`mycelia.node.budget`)."""
-
-
-def _new_session(me: Identity, *, token: bytes | None, dialed: bool) -> PeerSession:
-    """The protocol session a connection drives: it presents ``me`` (with a fresh
-    handshake challenge) and puts ``token`` in its proof."""
-    return PeerSession(
-        key=me.key,
-        durable=me.durable,
-        system_root=me.system_root(),
-        limits=me.limits,
-        token=token,
-        challenge=me.entropy(CHALLENGE_LENGTH),
-        dialer=dialed,
-    )
-
-
-def _budgets(bounds: Bounds, answers: Pool, outgoing_frames: int) -> tuple[Outgoing, InFlight]:
-    """A connection's two byte budgets (:mod:`mycelia.node.budget`): its outgoing queue,
-    which draws on the node's answer pool, and the peer's requests in flight here."""
-    outgoing = Outgoing(bounds.outgoing_bytes, answers, max_frames=outgoing_frames)
-    return outgoing, InFlight(count=bounds.requests_in_flight, size=bounds.incoming_bytes)
 
 
 class PeerConnection:
@@ -150,15 +101,13 @@ class PeerConnection:
         self._me = me
         self._gate = gate
         self._answers = answers
-        self.session = _new_session(me, token=token, dialed=dialed)
+        self.session = new_session(me, token=token, dialed=dialed)
         self._on_update = on_update
         self.request_timeout = request_timeout
         self._handshake_timeout = handshake_timeout
         self._bounds = bounds
-        self._pending: dict[int, asyncio.Future[Message]] = {}
-        self._pages: dict[int, tuple[list[Message], int]] = {}
-        """Pages received for a pending request, and their bytes."""
-        self._outgoing, self._in_flight = _budgets(bounds, me.answers, outgoing_frames)
+        self._outstanding = Outstanding()
+        self._outgoing, self._in_flight = new_budgets(bounds, me.answers, outgoing_frames)
         self._commits: list[tuple[CommitRequest | CommitsRequest, int]] = []
         self._commits_waiting = asyncio.Event()
         self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: cancelled in start order
@@ -249,13 +198,11 @@ class PeerConnection:
         """
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         if not self.ready:
-            future.add_done_callback(_seen)
+            future.add_done_callback(seen)
             future.set_exception(NotConnected("the connection is not ready"))
             return future
         rid = self.session.next_request_id()
-        self._pending[rid] = future
-        future.add_done_callback(_seen)
-        future.add_done_callback(lambda _: self._forget_request(rid))
+        self._outstanding.add(rid, future)
         self._outgoing.force(encode_frame(make(rid)))  # our own request: its caller bounds it
         return future
 
@@ -443,17 +390,7 @@ class PeerConnection:
         if isinstance(msg, REQUESTS):
             self._request(msg, size)
             return
-        answered = getattr(msg, "request_id", None)
-        future = self._pending.get(answered) if isinstance(answered, int) else None
-        if future is None or future.done():
-            log.debug("dropping a response to an unknown request %s", answered)
-        elif isinstance(msg, PAGE_TYPES):
-            self._page(answered, msg, size)  # type: ignore[arg-type]
-        elif isinstance(msg, ErrorResponse):
-            future.set_exception(remote(msg.code, msg.text))
-        else:
-            pages, _ = self._pages.pop(answered, ([], 0))  # type: ignore[arg-type]
-            future.set_result(joined(pages, msg))
+        self._outstanding.answer(msg, size)
 
     def _request(self, msg: Message, size: int) -> None:
         rid = int(getattr(msg, "request_id", 0))  # every request carries one
@@ -469,17 +406,6 @@ class PeerConnection:
         self._own(task)
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
-
-    def _page(self, request_id: int, page: Message, size: int) -> None:
-        pages, held = self._pages.get(request_id, ([], 0))
-        if held + size > MAX_ANSWER_BYTES:
-            raise PayloadTooLarge(f"the peer's answer is over {MAX_ANSWER_BYTES} bytes")
-        pages.append(page)
-        self._pages[request_id] = (pages, held + size)
-
-    def _forget_request(self, request_id: int) -> None:
-        self._pending.pop(request_id, None)
-        self._pages.pop(request_id, None)
 
     async def _answer(self, msg: Message, size: int) -> None:
         """Answer one request: room for its first page is reserved before anything is
@@ -541,10 +467,7 @@ class PeerConnection:
         self.session.close()
         self._closed.set()
         ended = self.error if isinstance(self.error, ConnectionClosed) else None
-        for future in list(self._pending.values()):
-            if not future.done():
-                future.set_exception(ended or ConnectionClosed("the connection closed"))
-        self._pages.clear()
+        self._outstanding.close(ended)
         self._outgoing.close(drop=False)
         try:
             async with asyncio.timeout(1.0):
@@ -568,9 +491,3 @@ def _size(msg: Message) -> int:
     for event in getattr(msg, "events", ()):
         size += len(event.to_bytes()) + 16
     return size + len(getattr(msg, "text", "")) * 4
-
-
-def _seen(future: asyncio.Future[Message]) -> None:
-    """Mark a response's error as seen: its requester may have stopped waiting for it."""
-    if not future.cancelled():
-        future.exception()
