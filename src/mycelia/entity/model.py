@@ -48,7 +48,7 @@ from mycelia.proto.codec import NAME_PATTERN
 from mycelia.proto.event import RESERVED_PREFIX
 from mycelia.proto.query import Collation
 
-__all__ = ["Draft", "FieldSpec", "Handle", "Model", "View"]
+__all__ = ["FieldSpec", "Handle", "Model", "View"]
 
 M = TypeVar("M", bound="Model")
 K = TypeVar("K", bound="Model")

@@ -39,7 +39,8 @@ from typing import Final, Literal, ParamSpec, TypeVar, cast
 
 from mycelia.entity import DELETED, Entity, ForkBase, Snapshot
 from mycelia.entity.backends import ClientIds, TextBackend
-from mycelia.entity.model import Draft, Model
+from mycelia.entity.draft import Draft
+from mycelia.entity.model import Model
 from mycelia.entity.values import encode_value
 from mycelia.errors import (
     EntityNotFound,
