@@ -173,6 +173,10 @@ class Reactor:
 
     def on_change(self, changes: list[EntityChange]) -> None:
         """Route committed changes to the live queries they can concern."""
+        read = self._collections
+        changes = [c for c in changes if c.after.collection in read]
+        if not changes:
+            return  # no live query reads these collections (a server's usual case)
         touched: dict[Standing, list[EntityChange]] = {}
         for change in _per_entity(changes):
             for live in self._candidates(change):
