@@ -21,7 +21,7 @@ from mycelia.entity import (
     Residents,
     Snapshot,
 )
-from mycelia.entity import applier as applier_module
+from mycelia.entity import placement as placement_module
 from mycelia.entity.values import encode_value
 from mycelia.errors import CommitReverted, DecodeError, EventNotFound, PolicyDenied
 from mycelia.event_dag import missing
@@ -316,7 +316,7 @@ async def test_an_event_above_the_head_is_placed_without_a_walk(
         walks.append(args[1])
         return missing(*args, **kwargs)
 
-    monkeypatch.setattr(applier_module, "missing", counted)
+    monkeypatch.setattr(placement_module, "missing", counted)
     _, note, applier, _, genesis = await _with_note()
     x = _update(note, genesis.head, title="x")
     y, z = _update(note, Clock([x.id]), rank=1), _update(note, Clock([x.id]), rank=2)

@@ -7,8 +7,8 @@ Four ways in, one staging discipline (:meth:`Applier.staging`):
   computed from parents that must be known for the same entity — staged earlier in the
   batch, stored, or named in the head of a snapshot held here; a genesis must bind this
   node's system root; an event with unknown parents is **held** in the
-  :class:`PendingPool` and its parents reported missing), then placed against the head by
-  comparison (the verdict table of :mod:`mycelia.entity.verdicts` decides);
+  :class:`PendingPool` and its parents reported missing), then placed against the head
+  (:mod:`mycelia.entity.placement`: by comparison where nothing cheaper decides);
 - :meth:`~Applier.commit_local` — a local transaction's events. They are *fresh*: made
   here just now on a fork whose head this node held, so no other event descends from
   them. Their generations come from the fork's head and they are placed without a walk
@@ -43,6 +43,7 @@ from mycelia.entity.admission import admit, admit_fresh
 from mycelia.entity.entity import Entity
 from mycelia.entity.locks import EntityLocks
 from mycelia.entity.pending import PendingPool
+from mycelia.entity.placement import Placement
 from mycelia.entity.residents import Residents
 from mycelia.entity.runs import (
     NEW_ENTITY,
@@ -51,23 +52,14 @@ from mycelia.entity.runs import (
     ForkBase,
     IngestResult,
     Meta,
-    Overlay,
     Plan,
     Run,
     Staging,
     fetched,
 )
 from mycelia.entity.snapshots import adopted, merged, merged_head, replaced
-from mycelia.entity.verdicts import (
-    Action,
-    above_head,
-    action_for,
-    extends_head,
-    head_after,
-    rejection,
-)
 from mycelia.errors import CommitReverted, InvalidEvent, MyceliaError
-from mycelia.event_dag import DEFAULT_BUDGET, missing
+from mycelia.event_dag import DEFAULT_BUDGET
 from mycelia.proto import (
     DEFAULT_LIMITS,
     AdmittedEvent,
@@ -78,13 +70,9 @@ from mycelia.proto import (
     EventId,
 )
 from mycelia.retrieval import (
-    CachedGetter,
     EntityStore,
-    EventSource,
-    LocalGetter,
     RemoteEvents,
     StagingMap,
-    local_first,
 )
 
 __all__ = ["Applier", "EntityChange", "EventCheck", "ForkBase", "IngestResult"]
@@ -110,9 +98,6 @@ class Applier:
         sole_writer: bool = True,
     ) -> None:
         self._store = store
-        self._sole_writer = sole_writer
-        """Whether only this applier writes ``store`` (False: other processes share it, so a
-        resident may lag the store and an event may build on history it does not show)."""
         self._max_entity_bytes = max_entity_bytes
         """An entity may not grow past this (its snapshot must fit one frame)."""
         self._residents = residents
@@ -124,6 +109,11 @@ class Applier:
         """Told of every write's changes, right after it (under the entities' locks)."""
         self._pending = pending if pending is not None else PendingPool()
         self._budget = budget
+        self._placement = Placement(
+            store, durable=durable, sole_writer=sole_writer, remote=remote, budget=budget
+        )
+        """Where remote events go against a head (``sole_writer``: whether only this applier
+        writes ``store``; see :mod:`mycelia.entity.placement`)."""
         self.locks = EntityLocks()
         """The locks that serialise changes to each entity (while they are used)."""
         self._epochs: dict[EntityId, int] = {}
@@ -259,7 +249,7 @@ class Applier:
         if not self._durable:
             return False
         entity = await self.load(entity_id)
-        if entity is None or not entity.exists or not await self._history_closed(entity):
+        if entity is None or not entity.exists or not await self._placement.history_closed(entity):
             return False
         head, ids = entity.head_map, {e.id for e in group}
         return all(
@@ -313,8 +303,8 @@ class Applier:
             return None
         staged = staging.staged()
         before = entity.snapshot()
-        getter = self._getter(entity_id, staging, earlier)
-        applied, head = await self._place(entity, staged, getter)
+        getter = self._placement.getter(entity_id, staging, earlier)
+        applied, head = await self._placement.place(entity, staged, getter)
         staged = [*staged, *(e for e in fetched(getter) if e.id not in staging)]
         changed: set[str] = set()
         for event in applied:
@@ -326,81 +316,6 @@ class Applier:
                 entity.set_head(head)
             self._residents.put(entity)
         return Plan(entity, before, staged, applied, changed)
-
-    async def _place(
-        self, entity: Entity, staged: list[AdmittedEvent], getter: LocalGetter
-    ) -> tuple[list[AdmittedEvent], Mapping[EventId, int] | None]:
-        """Which staged events the head lacks (parents first), and the head after them
-        (``None``: the head just advances past them, :meth:`Entity.advance`)."""
-        if not entity.exists:
-            if not any(e.event.is_genesis for e in staged):
-                raise InvalidEvent(
-                    f"events for entity {entity.entity_id}, which does not exist here "
-                    "(its genesis was never received)"
-                )
-            parents = {p for e in staged for p in e.parent}
-            entity.history_closed = True
-            return staged, {e.id: e.generation for e in staged if e.id not in parents}
-        if extends_head(entity.head, staged):  # a live edit pushed to a subscriber
-            return staged, None
-        if self._sole_writer and self._durable and await self._history_closed(entity):
-            # Where storage is definitive and every tip of the head is a stored event, an
-            # event not stored yet descends from nothing stored and is an ancestor of no
-            # tip (a tip's ancestors are stored: admission keeps history closed), and a tip
-            # it descends from can only be one it names as a parent (else that parent would
-            # be a stored descendant of a tip). So every staged event is new to the head,
-            # and the head advances past them: no walk, O(their parents) — a wide head of
-            # concurrent writers costs nothing per event (ARCHITECTURE.md §4). Not where
-            # other processes write the store: a parent may be their event, stored but
-            # not in this resident yet, whose effect only the walk brings in.
-            return staged, None
-        top = entity.top_generation
-        if self._sole_writer and above_head(entity.head_map, top, staged):  # a cache's, mostly
-            return staged, None
-        return await self._walk(entity, staged, getter)
-
-    async def _walk(
-        self, entity: Entity, staged: list[AdmittedEvent], getter: LocalGetter
-    ) -> tuple[list[AdmittedEvent], Mapping[EventId, int] | None]:
-        """:meth:`_place` by a subject-side walk: the events the head lacks, without walking
-        the head's own branches (admission already keeps foreign lineage out: parents are
-        this entity's); the verdict table decides."""
-        tips, head, hints = Clock(e.id for e in staged), entity.head, entity.head_generations
-        outcome = await local_first(
-            getter,
-            lambda events: missing(
-                events, tips, head, budget=self._budget, hints=hints, known=staged
-            ),
-        )
-        action = action_for(outcome.relation)
-        if action is Action.NOTHING:
-            return [], entity.head_generations
-        if action is Action.REJECT:
-            raise rejection(outcome.relation, entity.entity_id)
-        applied = list(outcome.subject_only)
-        return applied, head_after(entity.head_generations, applied)
-
-    async def _history_closed(self, entity: Entity) -> bool:
-        """Whether every tip of the entity's head is a stored event (looked up once per
-        resident; a snapshot merged without its history may leave tips it lacks)."""
-        closed = entity.history_closed
-        if closed is None:
-            tips = entity.head.ids
-            closed = entity.history_closed = len(await self._store.get_events(tips)) == len(tips)
-        return closed
-
-    def _getter(
-        self,
-        entity_id: EntityId,
-        staging: StagingMap,
-        earlier: Mapping[EventId, AdmittedEvent] | None = None,
-    ) -> LocalGetter:
-        """Staging and storage (with events staged earlier in this run, not stored yet),
-        then (on an ephemeral node with a peer) the peer."""
-        store: EventSource = self._store if not earlier else Overlay(earlier, self._store)
-        if self._remote is None:
-            return LocalGetter(staging, store)
-        return CachedGetter(staging, store, self._remote, entity_id=entity_id)
 
     # -- a local transaction ---------------------------------------------------------------
 
@@ -463,7 +378,7 @@ class Applier:
         """
         if not (self._durable and entity.exists):
             return False
-        return entity.head_map == base.head and await self._history_closed(entity)
+        return entity.head_map == base.head and await self._placement.history_closed(entity)
 
     def _plan_fresh(
         self,
@@ -530,7 +445,7 @@ class Applier:
         elif base is not None and entity.head == base:
             plan = merged(entity, incoming, incoming.state.head_generations(), cache=cache)
         else:
-            getter = self._getter(entity_id, StagingMap())
+            getter = self._placement.getter(entity_id, StagingMap())
             head = await merged_head(
                 entity,
                 incoming,
