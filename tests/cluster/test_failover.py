@@ -16,7 +16,7 @@ from mycelia.node.inprocess import InProcessServer
 from mycelia.node.transport import Transport, memory_pair
 from mycelia.storage import MemoryStorage
 from tests.cluster.models import Card
-from tests.cluster.test_feed import create, open_pair
+from tests.cluster.nodes import create, open_pair
 from tests.node.waiting import until
 from tests.storage.conftest import PostgresSchemas
 

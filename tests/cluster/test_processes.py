@@ -23,8 +23,8 @@ from mycelia.node.live import LiveQuery
 from mycelia.proto import Clock
 from mycelia.storage.postgres import PostgresStorage
 from tests.cluster.models import Card
+from tests.cluster.nodes import replay
 from tests.cluster.processes import Cluster, cluster_database, with_application_name
-from tests.cluster.test_feed import replay
 from tests.node.waiting import until
 
 pytestmark = pytest.mark.postgres
