@@ -142,7 +142,7 @@ class Entity:
         read, ARCHITECTURE.md §5)."""
         backends = self._backends
         names = sorted(backends) if len(backends) > 1 else list(backends)
-        buffers = tuple((name, _buffer(backends[name])) for name in names)
+        buffers = tuple([(name, _buffer(backends[name])) for name in names])
         clock = self.head
         return EntityState(self.entity_id, self.collection, State(clock, self._gens, buffers))
 
@@ -152,7 +152,7 @@ class Entity:
         clock = self._clock
         if clock is None:
             clock = self._clock = Clock(self._head)
-            self._gens = tuple(self._head[i] for i in clock.ids)
+            self._gens = tuple([self._head[i] for i in clock.ids])
         return clock
 
     @property

@@ -92,7 +92,7 @@ def normalize_operations(
 ) -> Operations:
     """Sort by backend, concatenate repeated backends in order, drop backends with no diffs."""
     if isinstance(operations, dict):  # the common case: names are unique already
-        return tuple((n, tuple(d)) for n, d in sorted(operations.items()) if d)
+        return tuple([(n, tuple(d)) for n, d in sorted(operations.items()) if d])
     items = operations.items() if isinstance(operations, Mapping) else operations
     merged: dict[str, list[bytes]] = {}
     for backend, diffs in items:

@@ -111,7 +111,11 @@ class State:
         setattr_ = object.__setattr__
         setattr_(self, "head", head)
         setattr_(self, "generations", generations)
-        lazy = any(type(b) is Deferred for _, b in buffers)
+        lazy = False
+        for _, buf in buffers:  # (a loop: a generator costs more than one buffer's check)
+            if type(buf) is Deferred:
+                lazy = True
+                break
         setattr_(self, "_parts", buffers if lazy else None)
         setattr_(self, "_buffers", None if lazy else buffers)
 
@@ -154,14 +158,14 @@ class State:
     def backend_names(self) -> tuple[str, ...]:
         """The backends' names, sorted (computing no buffer)."""
         parts: tuple[tuple[str, Buffer], ...] = self._buffers or self._parts or ()
-        return tuple(name for name, _ in parts)
+        return tuple([name for name, _ in parts])
 
     def buffer_bytes(self, *, estimate: bool = False) -> int:
         """The bytes of the buffers; with ``estimate``, a buffer not computed yet counts its
         :attr:`Deferred.estimate` instead of being computed (when it has one)."""
         parts = self._parts
         if not estimate or parts is None:
-            return sum(len(buf) for _, buf in self.buffers)
+            return sum([len(buf) for _, buf in self.buffers])
         total = 0
         for _, part in parts:
             if not isinstance(part, Deferred):
@@ -347,7 +351,7 @@ class EntityState:
         ``estimate``, buffers not computed yet count their estimate (see
         :class:`Deferred`): close, but no bound."""
         state = self.state
-        names = sum(15 + len(name) for name in state.backend_names())
+        names = sum([15 + len(name) for name in state.backend_names()])
         return (
             64
             + len(self.collection)
