@@ -12,6 +12,7 @@ from mycelia.errors import MyceliaError
 from mycelia.proto import Limits
 
 scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text() | st.binary()
+integer_headers = st.sampled_from([0xCC, 0xCD, 0xCE, 0xCF, 0xD0, 0xD1, 0xD2, 0xD3, 0xE0, 0xFF])
 small = st.sampled_from([b"\xc0", b"\xc2", b"\xc3", b"\x00", b"\x7f", b"\x80", b"\xa0", b"\xa1"])
 
 
@@ -31,6 +32,7 @@ def _outcome(decode: Callable[[], object]) -> tuple[str, object]:
             lambda t: bytes([t[0]]) + t[1]
         ),
         st.tuples(small, st.binary(max_size=3)).map(lambda t: t[0] + t[1]),
+        st.tuples(integer_headers, st.binary(max_size=9)).map(lambda t: bytes([t[0]]) + t[1]),
     ),
     max_string=st.sampled_from([4, 1 << 20]),
 )
@@ -43,3 +45,14 @@ def test_decoding_by_hand_is_msgpacks_decode(data: bytes, max_string: int) -> No
 @given(value=scalars)
 def test_every_encoded_scalar_decodes_to_itself(value: object) -> None:
     assert decode_value(encode_value(value)) == value
+
+
+def test_every_integer_form_read_by_hand_is_msgpacks_decode() -> None:
+    for header in (0xCC, 0xCD, 0xCE, 0xCF, 0xD0, 0xD1, 0xD2, 0xD3):
+        for length in range(10):
+            for fill in (0x00, 0x01, 0x7F, 0x80, 0xFF):
+                data = bytes([header]) + bytes([fill]) * length
+                fast = _outcome(lambda: decode_value(data))  # noqa: B023 - called at once
+                assert fast == _outcome(lambda: _decode_value(data, Limits())), data  # noqa: B023
+    for first in range(0xE0, 0x100):  # negative fixint
+        assert decode_value(bytes([first])) == _decode_value(bytes([first]), Limits())
