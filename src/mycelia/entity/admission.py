@@ -13,7 +13,7 @@ event is computed here, from its parents, never taken from the sender.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from mycelia.entity.entity import Entity
@@ -22,7 +22,7 @@ from mycelia.event_dag import topological_sort
 from mycelia.proto import SYSTEM_COLLECTION, AdmittedEvent, EntityId, Event, EventId
 from mycelia.retrieval import StagingMap
 
-__all__ = ["Admission", "admit", "admit_fresh", "check_genesis"]
+__all__ = ["Admission", "admit", "admit_fresh", "by_entity", "check_genesis"]
 
 
 @dataclass(slots=True)
@@ -78,6 +78,15 @@ def admit(
         # already applied, but storing it lets the snapshot's history be filled in.)
         staging.stage(AdmittedEvent(event, 1 + max(generations)))
     return outcome
+
+
+def by_entity(events: Iterable[Event]) -> dict[EntityId, list[Event]]:
+    """``events`` grouped by the entity each changes, in the order given (what admission
+    takes: one entity's events at a time)."""
+    groups: dict[EntityId, list[Event]] = {}
+    for event in events:
+        groups.setdefault(event.entity_id, []).append(event)
+    return groups
 
 
 def admit_fresh(

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from mycelia.entity.admission import admit, admit_fresh
+from mycelia.entity.admission import admit, admit_fresh, by_entity
 from mycelia.entity.entity import Entity
 from mycelia.entity.locks import EntityLocks
 from mycelia.entity.pending import PendingPool
@@ -212,7 +212,7 @@ class Applier:
         async with self.staging(entities, result) as run:
             earlier: dict[EventId, AdmittedEvent] = {}
             for events in commits:
-                groups = _groups(events)
+                groups = by_entity(events)
                 unsure = [e for i, g in groups.items() if not await self._on_head(i, g) for e in g]
                 wanted = {e.id for e in unsure} | {p for e in unsure for p in e.parent}
                 asked = wanted - earlier.keys()
@@ -266,7 +266,7 @@ class Applier:
         result: IngestResult,
         meta: Meta,
     ) -> None:
-        groups = _groups(events)
+        groups = by_entity(events)
         async with self.staging(groups, result, meta=meta) as run:
             wanted = {e.id for e in events} | {p for e in events for p in e.parent}
             known = await self._store.get_events(wanted)
@@ -336,7 +336,7 @@ class Applier:
         PolicyDenied, or StorageError; nothing is written then.
         """
         result = IngestResult()
-        groups = _groups(events)
+        groups = by_entity(events)
         async with self.staging(groups, result) as run:
             work = []
             unsure: list[EventId] = []
@@ -494,10 +494,3 @@ class Applier:
 
 def _ignore(changes: list[EntityChange]) -> None:
     """The default listener: nobody to tell."""
-
-
-def _groups(events: Iterable[Event]) -> dict[EntityId, list[Event]]:
-    groups: dict[EntityId, list[Event]] = {}
-    for event in events:
-        groups.setdefault(event.entity_id, []).append(event)
-    return groups
