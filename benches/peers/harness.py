@@ -248,7 +248,7 @@ async def create_fields(node: Node, count: int) -> list[EntityId]:
         return [trx.create(Fields).id for _ in range(count)]
 
 
-async def _set(
+async def set_field(
     node: Node, ids: Sequence[EntityId], key: str, value: str, *, wait: str
 ) -> mycelia.Transaction:
     entity, fieldno = parse_key(key)

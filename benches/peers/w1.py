@@ -24,12 +24,12 @@ from benches.peers.harness import (
     Mirror,
     Server,
     Sizes,
-    _set,
     client,
     confirm_all,
     create_fields,
     parse_key,
     repeat,
+    set_field,
     within,
 )
 
@@ -62,7 +62,7 @@ async def w1(peer: ModuleType, sizes: Sizes, workdir: Path) -> dict[str, list[fl
                 entity, fieldno = parse_key(key)
                 waiting[0] = (ids[entity], fieldno, value, loop.create_future())
                 t0 = time.perf_counter()
-                pending.append(await _set(a, ids, key, value, wait="local"))
+                pending.append(await set_field(a, ids, key, value, wait="local"))
                 lat.append((await within(waiting[0][3], "W1: B seeing A's edit") - t0) * 1e3)
             errors = await confirm_all(pending)
             if errors:

@@ -23,12 +23,12 @@ from benches.peers.harness import (
     Mirror,
     Server,
     Sizes,
-    _set,
     client,
     confirm_all,
     create_fields,
     missing_keys,
     repeat,
+    set_field,
 )
 
 
@@ -44,7 +44,7 @@ async def w2(peer: ModuleType, sizes: Sizes, workdir: Path) -> dict[str, list[fl
         t0 = time.perf_counter()
         pending = []
         for key, value in edits:  # one transaction, one commit per edit
-            pending.append(await _set(writer, ids, key, value, wait="local"))
+            pending.append(await set_field(writer, ids, key, value, wait="local"))
             await asyncio.sleep(0)
         errors = await confirm_all(pending)  # the server holds everything
         build_s = time.perf_counter() - t0

@@ -29,7 +29,6 @@ from benches.peers.harness import (
     Mirror,
     Server,
     Sizes,
-    _set,
     client,
     confirm_all,
     create_fields,
@@ -37,6 +36,7 @@ from benches.peers.harness import (
     missing_keys,
     repeat,
     serve,
+    set_field,
 )
 
 
@@ -53,13 +53,13 @@ async def w4_once(run: int, peer: ModuleType, workdir: Path) -> Figures:
         expected: dict[str, str] = {}
         t0 = time.perf_counter()
         for key, value in edits[:EDITS]:
-            await _set(node, ids, key, value, wait="peer")
+            await set_field(node, ids, key, value, wait="peer")
             expected[key] = value
         sequential = time.perf_counter() - t0
         t0 = time.perf_counter()
         pending = []
         for key, value in edits[EDITS:]:
-            pending.append(await _set(node, ids, key, value, wait="local"))
+            pending.append(await set_field(node, ids, key, value, wait="local"))
             expected[key] = value
             await asyncio.sleep(0)  # yield between edits, as the peer's client does
         errors = await confirm_all(pending)
