@@ -142,6 +142,7 @@ class CommitPipeline:
         self._readers: list[asyncio.Queue[Rejection]] = []
         self._batching = True
         """Whether owed commits queued together go in one frame (see _batch_answered)."""
+        self._session_over = self.session_over  # one bound method for every Pending
 
     async def load(self) -> None:
         """Take up the commits owed since an earlier run (call once, at open)."""
@@ -151,7 +152,7 @@ class CommitPipeline:
     # -- committing ----------------------------------------------------------------------
 
     def _pending(self, owed: Owed) -> Pending:
-        return Pending(owed, ready=self.ready, session_over=self.session_over)
+        return Pending(owed, ready=self.ready, session_over=self._session_over)
 
     def base(self, entity: Entity) -> ForkBase:
         """What a fork of ``entity`` taken now starts from."""
@@ -371,8 +372,9 @@ class CommitPipeline:
         return None
 
     def _confirmed(self, pending: Pending) -> None:
-        self._owed.pop(pending.owed.seq, None)
-        self._to_settle.append(pending.owed)
+        owed = pending.owed
+        self._owed.pop(owed.seq, None)
+        self._to_settle.append(owed)
         self._settle_wake.set()
         pending.succeed()
 

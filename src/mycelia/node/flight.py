@@ -112,6 +112,9 @@ class Pending:
     def succeed(self) -> None:
         if not self._future.done():
             self._future.set_result(None)
+        # The peer holds the events now: a handle kept for its outcome (an editor keeps
+        # thousands) need not hold them too.
+        self.owed = Owed(self.owed.seq, ())
 
     def fail(self, error: MyceliaError) -> None:
         if not self._future.done():

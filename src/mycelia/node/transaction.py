@@ -101,6 +101,17 @@ def check_entity_id(model: type[Model], entity_id: object) -> EntityId:
 class Transaction:
     """A unit of local change; see the module docstring."""
 
+    __slots__ = (
+        "_bases",
+        "_commit",
+        "_created",
+        "_credentials",
+        "_drafts",
+        "_open",
+        "_parts",
+        "_wait",
+    )
+
     def __init__(self, parts: TransactionParts, credentials: Credentials, *, wait: Wait) -> None:
         if wait not in WAITS:
             raise InvalidArgument(f"wait must be one of {WAITS}, not {wait!r}")
@@ -291,8 +302,11 @@ class Transaction:
             # their client ids may serve the next forks.
             self._release_text_ids()
             # Drafts point back here (their ``alive``): dropping them breaks the cycle, so
-            # the forks are freed at once instead of by the garbage collector.
+            # the forks are freed at once instead of by the garbage collector. A handle
+            # kept for its confirmation (an editor keeps thousands) holds nothing else.
             self._drafts.clear()
+            self._bases.clear()
+            self._created.clear()
         if self._commit is not None and self._wait == "peer":
             await self._commit.settled()
 

@@ -1,0 +1,68 @@
+"""MemoryStorage keeps events and feed rows as bytes (:mod:`mycelia.storage.memory`): what
+the recent window no longer holds decoded reads back equal, and the collector's heap does
+not grow by objects per stored event."""
+
+from __future__ import annotations
+
+import gc
+
+from mycelia.proto import AdmittedEvent, Clock
+from mycelia.retrieval import WriteBatch
+from mycelia.storage import MemoryStorage
+from mycelia.storage.recent import RECENT_EVENTS
+from mycelia.storage.testing import genesis, state_of, update
+
+
+def chain_of(length: int, n: int = 1) -> list[AdmittedEvent]:
+    chain = [genesis(n=n)]
+    for i in range(length - 1):
+        chain.append(update([chain[-1]], b"%d" % i))
+    return chain
+
+
+def as_read(events: list[AdmittedEvent]) -> list[tuple[bytes, int]]:
+    return [(e.event.to_bytes(), e.generation) for e in events]
+
+
+async def test_events_past_the_recent_window_read_back_as_written() -> None:
+    chain = chain_of(RECENT_EVENTS + 50)
+    store = MemoryStorage()
+    for start in range(0, len(chain), 500):
+        await store.write(WriteBatch(tuple(chain[start : start + 500])))
+    oldest = chain[:5]
+    found = await store.get_events([e.id for e in oldest])
+    assert as_read([found[e.id] for e in oldest]) == as_read(oldest)
+    assert as_read(await store.events_of(chain[0].entity_id)) == as_read(chain)
+    ahead = await store.get_events([chain[3].id], ahead=2)
+    assert set(ahead) == {chain[3].id, chain[2].id, chain[1].id}
+    await store.write(WriteBatch(forget=(chain[0].entity_id,)))
+    assert await store.get_events([chain[0].id, chain[-1].id]) == {}
+
+
+async def test_feed_rows_read_back_as_written() -> None:
+    store = MemoryStorage()
+    first, second = chain_of(2, n=1), chain_of(1, n=2)
+    for events in (first[:1], first, second):
+        await store.write(WriteBatch(tuple(events), (state_of([events[-1]]),)))
+    rows = await store.read_since(1)
+    assert [(r.offset, r.entity_id, r.collection, r.head) for r in rows] == [
+        (2, first[0].entity_id, "items", Clock.single(first[1].id)),
+        (3, second[0].entity_id, "items", Clock.single(second[0].id)),
+    ]
+
+
+async def test_stored_events_are_not_objects_the_collector_walks() -> None:
+    # As objects, each stored event was about eight tracked ones (the event, its
+    # admission, its id, its parent clock and that clock's tuple, its feed row...), and an
+    # editor's client walked them all in every full collection.
+    count = 10 * RECENT_EVENTS
+    store = MemoryStorage()
+    gc.collect()
+    before = len(gc.get_objects())
+    chain = chain_of(count)
+    for start in range(0, count, 1000):
+        await store.write(WriteBatch(tuple(chain[start : start + 1000])))
+    del chain
+    gc.collect()
+    grown = len(gc.get_objects()) - before
+    assert grown < count, f"{grown} tracked objects for {count} stored events"
