@@ -131,11 +131,12 @@ class Entity:
     def from_state(cls, stored: EntityState, *, text_ids: ClientIds | None = None) -> Entity:
         """Materialise a stored state (its text draws from ``text_ids``; replica text
         without); raises DecodeError on a malformed buffer."""
-        backends = {
-            name: _backend(name, text_ids, buffer) for name, buffer in stored.state.lazy_buffers()
-        }
-        head = stored.state.head_generations()
-        return cls(stored.entity_id, stored.collection, head, backends, text_ids=text_ids)
+        state = stored.state
+        backends = {name: _backend(name, text_ids, buffer) for name, buffer in state.lazy_buffers()}
+        head = state.head_generations()
+        entity = cls(stored.entity_id, stored.collection, head, backends, text_ids=text_ids)
+        entity._clock, entity._gens = state.head, state.generations  # (aligned, sorted)
+        return entity
 
     def to_state(self) -> EntityState:
         """The entity as a state snapshot (canonical buffers; text's computed when first

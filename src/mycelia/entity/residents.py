@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from typing import Final
+from collections.abc import Callable
+from typing import Final, Self
 
 from mycelia.entity.entity import Entity
 from mycelia.proto import EntityId
@@ -35,7 +36,9 @@ class Residents:
     __slots__ = ("_bytes", "_keep", "_keep_bytes", "_recent", "_weak")
 
     def __init__(self, *, keep: int = DEFAULT_KEEP, keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
-        self._weak: weakref.WeakValueDictionary[EntityId, Entity] = weakref.WeakValueDictionary()
+        # A plain dict of weak references, not a WeakValueDictionary: its ``get`` raises and
+        # catches KeyError on a miss, and a fresh client misses a thousand times at once.
+        self._weak: dict[EntityId, _Held] = {}
         self._recent: OrderedDict[EntityId, tuple[Entity, int]] = OrderedDict()
         self._keep = keep
         self._keep_bytes = keep_bytes
@@ -48,13 +51,14 @@ class Residents:
 
     def get(self, entity_id: EntityId) -> Entity | None:
         """The resident entity, if one is in memory."""
-        entity = self._weak.get(entity_id)
+        kept = self._recent.get(entity_id)
+        if kept is not None:  # kept strongly: the resident itself (put keeps both in step)
+            self._recent.move_to_end(entity_id)
+            return kept[0]
+        held = self._weak.get(entity_id)
+        entity = None if held is None else held()
         if entity is not None:
-            kept = self._recent.get(entity_id)
-            if kept is not None and kept[0] is entity:
-                self._recent.move_to_end(entity_id)
-            else:
-                self._keep_strongly(entity)
+            self._keep_strongly(entity)
         return entity
 
     def put(self, entity: Entity) -> Entity:
@@ -69,9 +73,14 @@ class Residents:
             self._bytes += size - kept[1]
             self._shrink()
             return entity
-        self._weak[entity_id] = entity
+        self._weak[entity_id] = _Held(entity, self._gone, entity_id)
         self._keep_strongly(entity)
         return entity
+
+    def _gone(self, held: _Held) -> None:
+        """An entity nobody holds any longer was freed: forget its entry (if still its)."""
+        if self._weak.get(held.entity_id) is held:
+            del self._weak[held.entity_id]
 
     def evict(self, entity_id: EntityId) -> None:
         """Forget the resident (the next reader reloads it from storage)."""
@@ -105,6 +114,22 @@ class Residents:
 
     def __len__(self) -> int:
         return len(self._weak)
+
+
+class _Held(weakref.ref[Entity]):
+    """A weak reference to a resident that knows its id (for :meth:`Residents._gone`)."""
+
+    __slots__ = ("entity_id",)
+    entity_id: EntityId
+
+    def __new__(cls, entity: Entity, gone: Callable[[_Held], None], entity_id: EntityId) -> Self:
+        held = super().__new__(cls, entity, gone)
+        held.entity_id = entity_id
+        return held
+
+    def __init__(self, entity: Entity, gone: Callable[[_Held], None], entity_id: EntityId) -> None:
+        # (weakref.ref's own __init__ takes the referent and callback; typeshed omits it)
+        super().__init__(entity, gone)  # type: ignore[call-arg]
 
 
 def resident_size(entity: Entity) -> int:

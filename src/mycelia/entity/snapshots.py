@@ -22,28 +22,39 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Final
 
-from mycelia.entity.entity import Entity
+from mycelia.entity.entity import Entity, Snapshot
 from mycelia.entity.runs import Plan, differing
 from mycelia.entity.verdicts import Action, action_for, head_after, rejection
 from mycelia.errors import EventNotFound
 from mycelia.event_dag import compare
-from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
+from mycelia.proto import EMPTY_CLOCK, AdmittedEvent, EntityId, EntityState, EventId
 from mycelia.retrieval import EventSource, LocalGetter, local_first
 
 log = logging.getLogger(__name__)
 
-__all__ = ["adopted", "drop_known_ancestors", "merged", "merged_head", "replaced"]
+__all__ = ["absent", "adopted", "drop_known_ancestors", "merged", "merged_head", "replaced"]
 
 
 def adopted(incoming: EntityState, *, cache: bool) -> Plan:
     """The plan for a snapshot of an entity this node does not have (or has only empty)."""
     fresh = Entity.from_state(incoming)
     if cache:
-        fresh.mark_boundary(incoming.state.head_generations())
-    before = Entity.empty(incoming.entity_id, incoming.collection).snapshot()
+        fresh.mark_boundary(fresh.head_map)
+    before = absent(incoming.entity_id, incoming.collection)
     # Through the snapshot, which the write and the resident's size estimate read again.
     return Plan(fresh, before, [], [], set(fresh.snapshot().values), snapshot=True)
+
+
+def absent(entity_id: EntityId, collection: str) -> Snapshot:
+    """The snapshot of an entity not created yet (what ``Entity.empty(...).snapshot()``
+    gives, without the entity: a fresh client adopts a thousand at once)."""
+    return Snapshot(entity_id, collection, EMPTY_CLOCK, _NO_VALUES)
+
+
+_NO_VALUES: Final[Mapping[str, object]] = MappingProxyType({})
 
 
 def merged(
@@ -82,7 +93,7 @@ def replaced(
         entity = Entity.empty(entity_id, current.collection)
     else:
         return None
-    before = (current or Entity.empty(entity_id, entity.collection)).snapshot()
+    before = absent(entity_id, entity.collection) if current is None else current.snapshot()
     mine = [e for e in replay if e.entity_id == entity_id]
     for event in mine:
         entity.apply(event)
