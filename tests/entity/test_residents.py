@@ -1,0 +1,39 @@
+"""The resident set's weak half (:mod:`mycelia.entity.residents`): an entity somebody still
+holds stays resident past the strong LRU, one nobody holds is forgotten, and a replaced
+resident's death does not take its successor's entry with it."""
+
+from __future__ import annotations
+
+import gc
+
+from mycelia.entity import Entity, Residents
+from mycelia.proto import EntityId
+
+
+def entity(n: int) -> Entity:
+    return Entity.empty(EntityId(bytes([n]) * 32), "items")
+
+
+def test_an_entity_held_elsewhere_stays_resident_and_one_held_nowhere_goes() -> None:
+    residents = Residents(keep=1)
+    first, second = entity(1), entity(2)
+    residents.put(first)
+    residents.put(second)  # the LRU keeps one: only ``second`` strongly
+    assert residents.get(first.entity_id) is first, "still held here: still the resident"
+    first_id = first.entity_id
+    residents.put(second)  # ``second`` strongly again, ``first`` weakly only
+    del first
+    gc.collect()
+    assert residents.get(first_id) is None
+    assert len(residents) == 1
+
+
+def test_a_replaced_resident_dying_leaves_its_successor() -> None:
+    residents = Residents(keep=1)
+    old, new = entity(3), entity(3)
+    residents.put(old)
+    residents.put(new)
+    residents.put(entity(4))  # pushes ``new`` out of the LRU: held weakly, by this test
+    del old
+    gc.collect()
+    assert residents.get(new.entity_id) is new
