@@ -10,7 +10,7 @@ from mycelia.proto.clock import Clock
 from mycelia.proto.codec import KNOWN_NAMES, expect_name, pack, valid_names
 from mycelia.proto.ids import EntityId, EventId
 from mycelia.proto.limits import Limits
-from mycelia.proto.state import EntityState, State
+from mycelia.proto.state import Deferred, EntityState, State
 from mycelia.testing.strategies import entity_ids, event_ids
 
 states = st.builds(
@@ -101,3 +101,23 @@ def test_remembered_names_are_bounded() -> None:
     for i in range(KNOWN_NAMES + 10):
         expect_name(f"n{i}", "name", limits=fresh)
     assert len(valid_names(fresh)) == KNOWN_NAMES
+
+
+def test_parts_given_as_a_function_are_made_once_when_first_read_and_stored() -> None:
+    calls = []
+
+    def parts() -> tuple[bytes, ...]:
+        calls.append(1)
+        return (b"base", b"update")
+
+    buffer = Deferred(lambda: b"merged", estimate=10, parts=parts)
+    head = Clock.single(EventId(b"\x02" * 32))
+    state = EntityState(EntityId(b"\x01" * 32), "docs", State(head, (3,), (("text", buffer),)))
+    assert calls == [], "nobody read them yet"
+    stored = state.to_stored()
+    assert stored != state.to_bytes(), "stored as parts, not as the merged buffer"
+    assert EntityState.from_bytes(stored, merge=lambda _, got: b"|".join(got)).state.buffers == (
+        ("text", b"base|update"),
+    )
+    assert buffer.parts == (b"base", b"update")
+    assert calls == [1]

@@ -50,21 +50,33 @@ class Deferred:
 
     ``parts``, when given, are what ``make`` merges: a base (``b""`` for none) and the
     updates since, which a durable engine stores instead of computing the buffer
-    (:meth:`EntityState.to_stored`), and a reader can rebuild the backend from."""
+    (:meth:`EntityState.to_stored`), and a reader can rebuild the backend from. They may
+    be given as a pure function that returns them, called when they are first read: a
+    text's log holds up to a thousand updates, and only a durable engine reads them (an
+    editor's ephemeral client copied the whole log at every keystroke)."""
 
-    __slots__ = ("_make", "_value", "estimate", "parts")
+    __slots__ = ("_make", "_parts", "_value", "estimate")
 
     def __init__(
         self,
         make: Callable[[], bytes],
         *,
         estimate: int | None = None,
-        parts: tuple[bytes, ...] | None = None,
+        parts: tuple[bytes, ...] | Callable[[], tuple[bytes, ...]] | None = None,
     ) -> None:
         self._make: Callable[[], bytes] | None = make
         self._value = b""
         self.estimate = estimate
-        self.parts = parts
+        self._parts = parts
+
+    @property
+    def parts(self) -> tuple[bytes, ...] | None:
+        """What ``make`` merges, if known (computed on the first read if given as a
+        function)."""
+        parts = self._parts
+        if callable(parts):
+            parts = self._parts = parts()
+        return parts
 
     def get(self) -> bytes:
         """The buffer (computed on the first call)."""

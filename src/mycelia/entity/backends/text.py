@@ -219,7 +219,9 @@ class TextBackend:
             return canonical_update(updates)
 
         estimate = (0 if base is None else len(base)) + self._log_bytes
-        return Deferred(make, estimate=estimate, parts=(base or b"", *log))
+        # (the parts as a function: the log is append-only, so its first ``count`` updates
+        # are the ones logged now, and only a durable engine reads them)
+        return Deferred(make, estimate=estimate, parts=lambda: (base or b"", *log[:count]))
 
     def _fold(self, state: bytes) -> None:
         """Make ``state`` (canonical, of the document now) the base of an empty log."""
