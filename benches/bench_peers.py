@@ -36,9 +36,10 @@ each clock starts (the peer's Map needs no creation).
 - **W4** durability: 1,000 field sets each awaited until durable on the server (the
   default ``wait``), then 1,000 pipelined until the last is confirmed; kill -9, restart on
   the same files, a fresh client must find every edit.
-- **W5** the automerge-paper trace (first 5,000 ops by default, ``--w5-trace-ops``): A
-  replays it **one op per transaction** (``wait="local"``, delete then insert) on a Text
-  field, yielding after each op; B's live query until its text equals the trace's end.
+- **W5** the automerge-paper trace (first 50,000 ops by default, the peer's own size and
+  the issue's; ``--w5-trace-ops``): A replays it **one op per transaction**
+  (``wait="local"``, delete then insert) on a Text field, yielding after each op; B's live
+  query until its text equals the trace's end.
 
 W5 also times 100 ops per transaction (Mycelia only: the peer has no such case). A
 workload that raises is reported as failed with its reason; the others still run.
@@ -127,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--w3-procs", type=int, default=2, help="processes the W3 clients run in (default 2)"
     )
     parser.add_argument(
-        "--w5-trace-ops", type=int, default=5000, help="first N trace ops (0: all 259,778)"
+        "--w5-trace-ops", type=int, default=50_000, help="first N trace ops (0: all 259,778)"
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = parser.parse_args(argv)

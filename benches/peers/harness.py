@@ -91,7 +91,7 @@ class Sizes:
     w3_clients: int = 200
     w3_edits: int = 10
     w3_procs: int = 2
-    w5_trace_ops: int = 5000
+    w5_trace_ops: int = 50_000
 
 
 def free_port() -> int:
