@@ -5,11 +5,14 @@ not grow by objects per stored event."""
 from __future__ import annotations
 
 import gc
+from collections.abc import Collection
 
-from mycelia.proto import AdmittedEvent, Clock
+import pytest
+
+from mycelia.proto import AdmittedEvent, Clock, EntityId
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import MemoryStorage
-from mycelia.storage.recent import RECENT_EVENTS
+from mycelia.storage.recent import RECENT_EVENTS, RecentEvents
 from mycelia.storage.testing import genesis, state_of, update
 
 
@@ -66,3 +69,25 @@ async def test_stored_events_are_not_objects_the_collector_walks() -> None:
     gc.collect()
     grown = len(gc.get_objects()) - before
     assert grown < count, f"{grown} tracked objects for {count} stored events"
+
+
+async def test_a_write_forgetting_many_entities_passes_over_the_recent_events_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each pass walks every recent event (4,096): a reset of a thousand entities made a
+    # thousand passes.
+    store = MemoryStorage()
+    chains = [chain_of(3, n=n) for n in range(1, 51)]
+    await store.write(WriteBatch(tuple(e for chain in chains for e in chain)))
+    passes = []
+    forget = RecentEvents.forget_entities
+
+    def counted(self: RecentEvents, entities: Collection[EntityId]) -> None:
+        passes.append(len(entities))
+        forget(self, entities)
+
+    monkeypatch.setattr(RecentEvents, "forget_entities", counted)
+    await store.write(WriteBatch(forget=tuple(chain[0].entity_id for chain in chains[:40])))
+    assert passes == [40]
+    kept = await store.get_events([chain[-1].id for chain in chains])
+    assert set(kept) == {chain[-1].id for chain in chains[40:]}

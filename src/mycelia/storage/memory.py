@@ -132,6 +132,8 @@ class MemoryStorage:
             # The durable engines must encode the values; refusing here too keeps a batch
             # that one engine accepts acceptable to every engine.
             _check_values(stored.values)
+        if batch.forget:
+            self._recent.forget_entities(set(batch.forget))  # one pass over the recent ones
         for entity_id in batch.forget:
             self._forget(entity_id)
         events, by_entity = self._events, self._by_entity
@@ -165,7 +167,6 @@ class MemoryStorage:
         return WriteResult(frozenset(new), tuple(offsets))
 
     def _forget(self, entity_id: EntityId) -> None:
-        self._recent.forget_entities((entity_id,))
         for event_id in self._by_entity.pop(entity_id, ()):
             del self._events[event_id]
         stored = self._states.pop(entity_id, None)
