@@ -54,6 +54,18 @@ async def test_feed_rows_read_back_as_written() -> None:
     ]
 
 
+async def test_a_wide_head_s_feed_row_is_the_state_s_own_clock() -> None:
+    # Copying a head of 1,000 tips into the row cost O(width) a write (32 KB a row).
+    store = MemoryStorage()
+    root = genesis(n=1)
+    tips = [update([root], b"%d" % i) for i in range(3)]
+    wide = state_of(tips)
+    await store.write(WriteBatch((root, *tips), (wide,)))
+    (row,) = await store.read_since(0)
+    assert row.head == Clock(t.id for t in tips)
+    assert row.head is wide.state.state.head
+
+
 async def test_stored_events_are_not_objects_the_collector_walks() -> None:
     # As objects, each stored event was about eight tracked ones (the event, its
     # admission, its id, its parent clock and that clock's tuple, its feed row...), and an

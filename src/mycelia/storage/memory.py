@@ -20,7 +20,6 @@ from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping
 
 from mycelia.errors import StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
-from mycelia.proto.ids import ID_LENGTH
 from mycelia.proto.query import Query, sort_rows
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
 from mycelia.retrieval.readahead import events_with_ancestors
@@ -37,8 +36,10 @@ from mycelia.storage.staging import load_batches, stale_load
 
 __all__ = ["MemoryStorage"]
 
-_Row = tuple[bytes, str, bytes]
-"""A feed row as kept: (entity id, collection, head ids joined)."""
+_Row = tuple[EntityId, str, bytes | Clock]
+"""A feed row as kept: (entity id, collection, head). A head of one tip (a linear history:
+nearly every row) is kept as its id's bytes; a wider one as the state's own clock (copying
+its ids would cost O(width) a write)."""
 
 
 class MemoryStorage:
@@ -72,8 +73,9 @@ class MemoryStorage:
             return events_with_ancestors(self._find, ids, ahead)
         events = self._events
         read = [self._read(i) for i in rest if i in events]
-        self._recent.remember(read)
-        found.update((e.id, e) for e in read)
+        if read:
+            self._recent.remember(read)
+            found.update((e.id, e) for e in read)
         return found
 
     def _read(self, event_id: EventId) -> AdmittedEvent:
@@ -143,7 +145,10 @@ class MemoryStorage:
             if event_id not in events:
                 plain = bytes(event_id)
                 events[plain] = event.generation.to_bytes(8, "big") + event.event.canonical
-                by_entity.setdefault(bytes(event.entity_id), []).append(plain)
+                of_entity = by_entity.get(event.entity_id)
+                if of_entity is None:
+                    of_entity = by_entity[bytes(event.entity_id)] = []
+                of_entity.append(plain)
                 new.append(event_id)
                 written.append(event)
         self._recent.remember(written)
@@ -153,7 +158,9 @@ class MemoryStorage:
             state = stored.state
             self._states[state.entity_id] = stored
             self._by_collection.setdefault(state.collection, {})[state.entity_id] = stored
-            feed.append((bytes(state.entity_id), state.collection, b"".join(state.state.head.ids)))
+            head = state.state.head
+            tip = bytes(head.ids[0]) if len(head) == 1 else head
+            feed.append((state.entity_id, state.collection, tip))  # (the state's own id)
             offsets.append(len(feed))
         for key, value in batch.meta:
             if value is None:
@@ -244,9 +251,9 @@ class MemoryStorage:
 
 
 def _entry(offset: int, row: _Row) -> FeedEntry:
-    entity_id, collection, joined = row
-    ids = [EventId._trusted(joined[i : i + ID_LENGTH]) for i in range(0, len(joined), ID_LENGTH)]
-    return FeedEntry(offset, EntityId._trusted(entity_id), collection, Clock._of_sorted(tuple(ids)))
+    entity_id, collection, head = row
+    clock = head if isinstance(head, Clock) else Clock.single(EventId._trusted(head))
+    return FeedEntry(offset, entity_id, collection, clock)
 
 
 _INT_RANGE = range(-(2**63), 2**64)

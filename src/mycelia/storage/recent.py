@@ -74,13 +74,17 @@ class RecentEvents:
     def remember(self, events: Iterable[AdmittedEvent]) -> None:
         """Hold ``events`` (stored ones only: what was written or read back)."""
         held = self._events
-        for event in events:
-            if event.id not in held:
-                held[event.id] = event
-                self._bytes += len(event.event.to_bytes())
-        while held and (len(held) > self._max_events or self._bytes > self._max_bytes):
-            _, dropped = held.popitem(last=False)
-            self._bytes -= len(dropped.event.to_bytes())
+        added = 0
+        for event in events:  # (every write of every engine comes here)
+            event_id = event.id
+            if event_id not in held:
+                held[event_id] = event
+                added += len(event.event.canonical)
+        self._bytes += added
+        if len(held) > self._max_events or self._bytes > self._max_bytes:
+            while held and (len(held) > self._max_events or self._bytes > self._max_bytes):
+                _, dropped = held.popitem(last=False)
+                self._bytes -= len(dropped.event.canonical)
 
     def forget_entities(self, entities: Collection[EntityId]) -> None:
         """Let go of the events of ``entities`` (a write is about to forget them)."""
