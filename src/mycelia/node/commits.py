@@ -372,9 +372,8 @@ class CommitPipeline:
         return None
 
     def _confirmed(self, pending: Pending) -> None:
-        owed = pending.owed
-        self._owed.pop(owed.seq, None)
-        self._to_settle.append(owed)
+        self._owed.pop(pending.owed.seq, None)
+        self._to_settle.append(pending.owed)  # (before succeed() lets go of its events)
         self._settle_wake.set()
         pending.succeed()
 
