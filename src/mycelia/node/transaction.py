@@ -101,7 +101,8 @@ def check_entity_id(model: type[Model], entity_id: object) -> EntityId:
 class Transaction:
     """A unit of local change; see the module docstring."""
 
-    __slots__ = (
+    __slots__ = (  # (and __weakref__: a caller may hold one weakly, as before)
+        "__weakref__",
         "_bases",
         "_commit",
         "_created",
