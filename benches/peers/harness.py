@@ -195,11 +195,16 @@ class Mirror:
 
     ``views`` holds the current view of every member; ``on_view`` sees each added or
     updated view (the "change callback" of the peer's definitions); ``changed_at`` is when
-    the last change set was read (``peer.monotonic``: one clock for all processes).
+    the last change set was read (``peer.monotonic``: one clock for all processes), and
+    with ``track_cpu`` (W3 only) ``cpu_at`` the process CPU then: a system call per change
+    set, which the peer's change callbacks do not make either.
     """
 
-    def __init__(self, live: Any, on_view: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self, live: Any, on_view: Callable[[Any], None] | None = None, *, track_cpu: bool = False
+    ) -> None:
         self.live = live
+        self.track_cpu = track_cpu
         self.views: dict[EntityId, Any] = {v.id: v for v in live.items}
         self.on_view = on_view
         self.on_change: Callable[[], None] | None = None
@@ -210,9 +215,15 @@ class Mirror:
 
     @classmethod
     async def open(
-        cls, node: Node, model: type[Model], on_view: Callable[[Any], None] | None = None
+        cls,
+        node: Node,
+        model: type[Model],
+        on_view: Callable[[Any], None] | None = None,
+        *,
+        track_cpu: bool = False,
     ) -> Mirror:
-        return cls(await node.context().query(model, "").__aenter__(), on_view)
+        live = await node.context().query(model, "").__aenter__()
+        return cls(live, on_view, track_cpu=track_cpu)
 
     async def _follow(self) -> None:
         async for changes in self.live:
@@ -223,8 +234,9 @@ class Mirror:
             for view in changes.removed:
                 self.views.pop(view.id, None)
             self.changed_at = time.clock_gettime(time.CLOCK_MONOTONIC)
-            times = os.times()
-            self.cpu_at = times.user + times.system
+            if self.track_cpu:
+                times = os.times()
+                self.cpu_at = times.user + times.system
             if self._grown is not None and len(self.views) >= self._grown[0]:
                 self._grown[1].set_result(None)
                 self._grown = None

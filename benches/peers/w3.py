@@ -187,7 +187,8 @@ class W3Client:
     @classmethod
     async def connect(cls, url: str) -> W3Client:
         node = await client(url)
-        fields, doc = await Mirror.open(node, Fields), await Mirror.open(node, Doc)
+        fields = await Mirror.open(node, Fields, track_cpu=True)
+        doc = await Mirror.open(node, Doc, track_cpu=True)
         await fields.wait_members(W3_ENTITIES)
         await doc.wait_members(1)
         return cls(node, fields, doc)
