@@ -316,7 +316,7 @@ async def test_a_confirmed_transaction_its_caller_keeps_holds_little(
     served: InProcessServer,
 ) -> None:
     # An editor keeps a handle per keystroke to hear of refusals. Each held its events,
-    # its fork bases and more, about a dozen tracked objects the collector walked in every
+    # its fork bases and more, about ten tracked objects the collector walked in every
     # full collection: a third of an editor's heap after 20,000 keystrokes.
     node = await client_of(served)
     doc = await create(node, title="t")
