@@ -41,6 +41,7 @@ from mycelia.entity import DELETED, Entity, ForkBase, Snapshot
 from mycelia.entity.backends import ClientIds, TextBackend
 from mycelia.entity.draft import Draft
 from mycelia.entity.model import Model
+from mycelia.entity.snapshots import absent
 from mycelia.entity.values import encode_value
 from mycelia.errors import (
     EntityNotFound,
@@ -223,7 +224,7 @@ class Transaction:
         entity.apply(AdmittedEvent(genesis, 1))
         entity.set_head({genesis.id: 1})
         draft.entity = entity
-        draft.base = Entity.empty(genesis.entity_id, model.__collection__).snapshot()
+        draft.base = absent(genesis.entity_id, model.__collection__)
         self._created[genesis.entity_id] = genesis
         self._drafts[genesis.entity_id] = draft
         return model._handle(draft)
