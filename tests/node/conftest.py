@@ -30,6 +30,15 @@ class RefusesTitle(PermissiveAgent):
 
 
 @pytest.fixture
+async def node() -> AsyncIterator[Node]:
+    """A durable node on MemoryStorage, with its system."""
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    yield node
+    await node.close()
+
+
+@pytest.fixture
 async def served() -> AsyncIterator[InProcessServer]:
     """A durable node served in process, whose policy refuses the title ``refused``."""
     node = await Node.open(MemoryStorage(), durable=True, policy=RefusesTitle())

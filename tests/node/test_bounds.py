@@ -9,7 +9,6 @@ import contextlib
 import os
 import random
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -209,14 +208,6 @@ async def test_many_large_commits_keep_lmdb_s_recent_events_within_their_bytes(
 
 
 # -- a served node -------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def node() -> AsyncIterator[Node]:
-    node = await Node.open(MemoryStorage(), durable=True)
-    await node.create_system()
-    yield node
-    await node.close()
 
 
 async def blobs(node: Node, count: int, size: int) -> list[mycelia.EntityId]:

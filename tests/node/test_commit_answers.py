@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 
@@ -44,6 +45,11 @@ class Peer:
         raise AssertionError("not used")
 
     def submit(self, make: MakeRequest) -> asyncio.Future[Message]:
+        raise AssertionError("not used")
+
+    def stream(
+        self, make: MakeRequest, *, timeout: float | None = None
+    ) -> AbstractAsyncContextManager[AsyncIterator[Message]]:
         raise AssertionError("not used")
 
     async def wait_closed(self) -> None:

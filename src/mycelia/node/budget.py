@@ -38,6 +38,7 @@ from mycelia.errors import ConnectionClosed
 __all__ = [
     "ANSWER_POOL_BYTES",
     "DEFAULT_BOUNDS",
+    "FIRST_PAGE_BYTES",
     "INCOMING_BYTES",
     "OUTGOING_BYTES",
     "PAGE_BYTES",
@@ -55,6 +56,9 @@ ANSWER_POOL_BYTES: Final = 32 * 1024 * 1024
 PAGE_BYTES: Final = 1024 * 1024
 """How much one page of a paged answer aims to carry (an entity larger than that travels
 alone in its page; no page exceeds the frame limit)."""
+FIRST_PAGE_BYTES: Final = 32 * 1024
+"""How much the first page of a deltas answer aims to carry; each next page twice the last,
+up to the page size. The requester starts on a small first page while the rest is built."""
 STALL_TIMEOUT: Final = 10.0
 """Seconds an answer may wait for room in a peer's outgoing budget *with nothing written
 to the peer meanwhile* before the peer is cut off as a slow consumer (a slow reader that

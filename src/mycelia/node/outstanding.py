@@ -3,7 +3,9 @@
 A :class:`~mycelia.node.peer.PeerConnection` sends a request and registers its future here
 (:class:`Outstanding`); what the peer sends back is matched to it by request id. A page of
 a paged answer (:data:`~mycelia.proto.peering.PAGES`) is held until the final response,
-and the requester gets that response with its pages joined to it; an
+and the requester gets that response with its pages joined to it — unless it asked to
+take the pages as they arrive (:class:`Streamed`: a fresh client applies a large
+subscription answer page by page while the peer is still building the rest). An
 :class:`~mycelia.proto.peering.ErrorResponse` is raised as :func:`mycelia.errors.remote`
 (the typed error, also a RemoteError).
 
@@ -12,8 +14,9 @@ Invariants:
 - A request is forgotten, with its pages, as soon as its future is done, however it ends
   (answered, failed, or cancelled by a requester that stopped waiting); an answer to a
   request that is unknown or done is dropped.
-- The pages held for one answer stay within :data:`MAX_ANSWER_BYTES`: a page past it
-  raises PayloadTooLarge, which closes the connection.
+- The pages of one answer stay within :data:`MAX_ANSWER_BYTES`, whether held here or
+  handed over as they arrive: a page past it raises PayloadTooLarge, which closes the
+  connection.
 - Every future ends: when the connection closes, :meth:`Outstanding.close` fails those
   still waiting with ConnectionClosed. A future's error is always marked as retrieved
   (:func:`seen`): its requester may have stopped waiting, and asyncio would log it.
@@ -23,13 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from typing import Final
 
-from mycelia.errors import ConnectionClosed, PayloadTooLarge, remote
+from mycelia.errors import ConnectionClosed, PayloadTooLarge, RequestTimeout, remote
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import PAGES, ErrorResponse, joined
 
-__all__ = ["MAX_ANSWER_BYTES", "Outstanding", "seen"]
+__all__ = ["MAX_ANSWER_BYTES", "Outstanding", "Streamed", "seen"]
 
 log = logging.getLogger("mycelia.node.peer")
 """A connection logs under one name, its driver's (:mod:`mycelia.node.peer`)."""
@@ -46,10 +51,22 @@ class Outstanding:
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._pages: dict[int, tuple[list[Message], int]] = {}
         """Pages received for a pending request, and their bytes."""
+        self._sinks: dict[int, Callable[[Message], None]] = {}
+        """Where the pages of a streamed request go as they arrive (see :class:`Streamed`)."""
 
-    def add(self, rid: int, future: asyncio.Future[Message]) -> None:
-        """Settle ``future`` with the answer to request ``rid`` (forgotten once it is done)."""
+    def add(
+        self,
+        rid: int,
+        future: asyncio.Future[Message],
+        *,
+        pages: Callable[[Message], None] | None = None,
+    ) -> None:
+        """Settle ``future`` with the answer to request ``rid`` (forgotten once it is done);
+        with ``pages``, hand it each page as it arrives instead (the future then gets the
+        final response alone)."""
         self._pending[rid] = future
+        if pages is not None:
+            self._sinks[rid] = pages
         future.add_done_callback(seen)
         future.add_done_callback(lambda _: self._forget_request(rid))
 
@@ -83,12 +100,68 @@ class Outstanding:
         pages, held = self._pages.get(request_id, ([], 0))
         if held + size > MAX_ANSWER_BYTES:
             raise PayloadTooLarge(f"the peer's answer is over {MAX_ANSWER_BYTES} bytes")
-        pages.append(page)
+        sink = self._sinks.get(request_id)
+        if sink is None:
+            pages.append(page)
+        else:
+            sink(page)  # counted, not held
         self._pages[request_id] = (pages, held + size)
 
     def _forget_request(self, request_id: int) -> None:
         self._pending.pop(request_id, None)
         self._pages.pop(request_id, None)
+        self._sinks.pop(request_id, None)
+
+
+class Streamed:
+    """One request's answer taken page by page as it arrives, then its final response.
+
+    Use it as ``async with stream as parts: async for part in parts: ...``. The parts are
+    each page in order and then the final response; iterating raises what the request
+    raised (a RemoteError for the peer's refusal, ConnectionClosed), or RequestTimeout
+    when ``timeout`` seconds pass with nothing arriving. The time the requester spends on
+    a part does not count: a large answer applied as it comes is not cut short. Leaving
+    the block cancels the request, however it is left (the rest of its answer is then
+    dropped as it comes).
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.future: asyncio.Future[Message] | None = None
+        self._timeout = timeout
+        self._pages: deque[Message] = deque()
+        self._arrived = asyncio.Event()
+
+    def waits_for(self, future: asyncio.Future[Message]) -> None:
+        """Take ``future`` as the request's final response (set once, right after sending)."""
+        self.future = future
+        future.add_done_callback(lambda _: self._arrived.set())
+
+    def page(self, page: Message) -> None:
+        """Take a page of the answer (:meth:`Outstanding.add`'s ``pages``)."""
+        self._pages.append(page)
+        self._arrived.set()
+
+    async def __aenter__(self) -> AsyncIterator[Message]:
+        assert self.future is not None, "waits_for() sets the request's future first"
+        return self._parts(self.future)
+
+    async def __aexit__(self, *_: object) -> None:
+        if self.future is not None:
+            self.future.cancel()
+
+    async def _parts(self, future: asyncio.Future[Message]) -> AsyncIterator[Message]:
+        while True:
+            while self._pages:
+                yield self._pages.popleft()
+            if future.done():
+                yield future.result()
+                return
+            self._arrived.clear()
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await self._arrived.wait()
+            except TimeoutError as exc:
+                raise RequestTimeout(f"no answer in {self._timeout:g} s") from exc
 
 
 def seen(future: asyncio.Future[Message]) -> None:

@@ -14,7 +14,8 @@ Errors travel as codes both ways: a request that fails here, or that could not e
 decoded, is answered with an :class:`~mycelia.proto.peering.ErrorResponse` and the
 connection goes on; a peer's error response is raised as :func:`mycelia.errors.remote`
 (the typed error, also a RemoteError). Our requests wait for their answers in
-:mod:`mycelia.node.outstanding`, which joins a paged answer's pages with its final response.
+:mod:`mycelia.node.outstanding`, which joins a paged answer's pages with its final response
+(or, for :meth:`PeerConnection.stream`, hands each page over as it arrives).
 
 Requests from the peer go to the node's :class:`~mycelia.node.ports.Answers` (the
 responder): each is answered as it comes, except commits, which one worker per
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from typing import Final, TypeVar
 
@@ -44,8 +45,8 @@ from mycelia.errors import (
     RequestTimeout,
 )
 from mycelia.node.budget import DEFAULT_BOUNDS, Bounds
-from mycelia.node.outstanding import Outstanding, seen
-from mycelia.node.peer_parts import Identity, UpdateHandler, new_budgets, new_session
+from mycelia.node.outstanding import Outstanding, Streamed, seen
+from mycelia.node.peer_parts import Identity, UpdateHandler, answer_size, new_budgets, new_session
 from mycelia.node.policy import Credentials, PeerInfo
 from mycelia.node.ports import Answers, Gate, MakeRequest
 from mycelia.node.session import Faulty, Received, SessionState, Verified
@@ -190,8 +191,12 @@ class PeerConnection:
             committer.cancel()
             await self._shutdown(writer)
 
-    def submit(self, make: MakeRequest) -> asyncio.Future[Message]:
-        """Send the request ``make(request_id)`` now; its response arrives in the future.
+    def submit(
+        self, make: MakeRequest, *, pages: Callable[[Message], None] | None = None
+    ) -> asyncio.Future[Message]:
+        """Send the request ``make(request_id)`` now; its response arrives in the future
+        (with ``pages``, each page of a paged answer goes there as it arrives, and the
+        future gets the final response alone).
 
         The future raises RemoteError (the peer answered with an error) or
         ConnectionClosed (the connection closed first); it has no timeout of its own.
@@ -202,7 +207,7 @@ class PeerConnection:
             future.set_exception(NotConnected("the connection is not ready"))
             return future
         rid = self.session.next_request_id()
-        self._outstanding.add(rid, future)
+        self._outstanding.add(rid, future, pages=pages)
         self._outgoing.force(encode_frame(make(rid)))  # our own request: its caller bounds it
         return future
 
@@ -228,6 +233,14 @@ class PeerConnection:
         finally:
             future.cancel()
         return expect_response(response, expect)
+
+    def stream(self, make: MakeRequest, *, timeout: float | None = None) -> Streamed:
+        """Send ``make(request_id)``; ``async with`` the result, iterate it for the answer's
+        pages as they arrive, then its final response
+        (:class:`~mycelia.node.outstanding.Streamed`)."""
+        streamed = Streamed(timeout or self.request_timeout)
+        streamed.waits_for(self.submit(make, pages=streamed.page))
+        return streamed
 
     def push(self, msg: Message) -> None:
         """Send ``msg`` without waiting (updates, small answers); a peer whose outgoing
@@ -423,7 +436,7 @@ class PeerConnection:
                 log.exception("request %s from %s failed", rid, self.remote)
                 error = MyceliaError(f"internal error: {type(exc).__name__}")
                 response = ErrorResponse.of(rid, error)
-            await self.send(response, size=_size(response))
+            await self.send(response, size=answer_size(response))
         except ConnectionClosed:
             pass  # the peer is gone, or was cut off: nobody is waiting
         finally:
@@ -481,13 +494,3 @@ class PeerConnection:
         self._answers.forget(self)
         if self.peer is not None and self._ready.is_set():
             log.info("peer %s disconnected (%s)", self.peer.node_id, self.error or "closed")
-
-
-def _size(msg: Message) -> int:
-    """An upper bound of ``msg``'s encoded size (its deltas' or events' bytes, plus room)."""
-    size = 1024
-    for delta in getattr(msg, "deltas", ()):
-        size += delta.wire_size()
-    for event in getattr(msg, "events", ()):
-        size += len(event.to_bytes()) + 16
-    return size + len(getattr(msg, "text", "")) * 4

@@ -22,9 +22,10 @@ from mycelia.node.budget import Bounds, InFlight, Outgoing, Pool
 from mycelia.node.identity import NodeKey
 from mycelia.node.session import PeerSession
 from mycelia.proto import EntityId, Limits
+from mycelia.proto.messages import Message
 from mycelia.proto.peering import CHALLENGE_LENGTH, SubscriptionEnded, SubscriptionUpdate
 
-__all__ = ["Identity", "UpdateHandler", "new_budgets", "new_session"]
+__all__ = ["Identity", "UpdateHandler", "answer_size", "new_budgets", "new_session"]
 
 UpdateHandler = Callable[
     [SubscriptionUpdate | SubscriptionEnded], Coroutine[object, object, None] | None
@@ -66,3 +67,13 @@ def new_budgets(bounds: Bounds, answers: Pool, outgoing_frames: int) -> tuple[Ou
     which draws on the node's answer pool, and the peer's requests in flight here."""
     outgoing = Outgoing(bounds.outgoing_bytes, answers, max_frames=outgoing_frames)
     return outgoing, InFlight(count=bounds.requests_in_flight, size=bounds.incoming_bytes)
+
+
+def answer_size(msg: Message) -> int:
+    """An upper bound of ``msg``'s encoded size (its deltas' or events' bytes, plus room)."""
+    size = 1024
+    for delta in getattr(msg, "deltas", ()):
+        size += delta.wire_size()
+    for event in getattr(msg, "events", ()):
+        size += len(event.to_bytes()) + 16
+    return size + len(getattr(msg, "text", "")) * 4

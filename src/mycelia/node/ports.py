@@ -23,7 +23,8 @@ port                      consumer                     implemented by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Protocol, TypeVar
 
 from mycelia.entity import Entity, EntityChange, EventCheck, ForkBase
@@ -138,6 +139,14 @@ class Session(Protocol):
 
     def submit(self, make: MakeRequest) -> asyncio.Future[Message]:
         """Send a request now; its response (or error) arrives in the future."""
+        ...
+
+    def stream(
+        self, make: MakeRequest, *, timeout: float | None = None
+    ) -> AbstractAsyncContextManager[AsyncIterator[Message]]:
+        """Send a request; within the block, iterate its answer's pages as they arrive, then
+        its final response (raises what :meth:`request` raises; the timeout is for each
+        wait). Leaving the block cancels the request."""
         ...
 
     async def wait_closed(self) -> None:
