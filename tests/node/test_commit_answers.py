@@ -12,7 +12,7 @@ import pytest
 from mycelia import Node
 from mycelia.node import commits
 from mycelia.node.commits import CommitPipeline
-from mycelia.node.flight import BUSY_ROUNDS
+from mycelia.node.flight import BUSY_ROUNDS, answered
 from mycelia.node.ports import M, MakeRequest
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import Ack
@@ -102,3 +102,14 @@ async def test_a_peer_that_keeps_sending_but_never_answers_is_left_after_the_bus
     with pytest.raises(commits._SessionOver, match=f"no answer in {BUSY_ROUNDS} timeouts"):
         await pipeline._answer(peer, answer)
     assert peer.looks == 1 + BUSY_ROUNDS
+
+
+async def test_an_answer_already_in_is_taken_without_waiting() -> None:
+    """Pipelined commits' answers come in bursts: most are in when their turn comes, and
+    taking one went through ``asyncio.wait`` (a timer, callbacks, a loop iteration)."""
+    answer: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+    answer.set_result(Ack(1))
+    step = answered(answer, lambda: 0, TIMEOUT)
+    with pytest.raises(StopIteration) as finished:
+        step.send(None)  # done in its first step: nothing awaited
+    assert finished.value.value is None

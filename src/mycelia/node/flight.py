@@ -132,6 +132,8 @@ async def answered(
     """Wait for ``future`` without cancelling it: ``None`` once it is done, else why it is
     late: nothing read from the peer for a whole ``timeout``, or :data:`BUSY_ROUNDS`
     timeouts passed while the peer kept sending (a loaded peer answers late)."""
+    if future.done():
+        return None  # (pipelined commits' answers come in bursts: most are in already)
     heard = frames_read()
     for _ in range(BUSY_ROUNDS):
         await asyncio.wait({future}, timeout=timeout)
