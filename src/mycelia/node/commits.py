@@ -57,6 +57,7 @@ from mycelia.node.flight import (
     Flight,
     Gate,
     Pending,
+    SessionOver,
     answered,
     answers_each,
     either,
@@ -135,14 +136,12 @@ class CommitPipeline:
         self._wake = asyncio.Event()
         self._paused = False
         self._gate = Gate()
-        self._over = asyncio.Event()
-        self._over.set()
+        self._over = SessionOver()
         self._to_settle: list[Owed] = []
         self._settle_wake = asyncio.Event()
         self._readers: list[asyncio.Queue[Rejection]] = []
         self._batching = True
         """Whether owed commits queued together go in one frame (see _batch_answered)."""
-        self._session_over = self.session_over  # one bound method for every Pending
 
     async def load(self) -> None:
         """Take up the commits owed since an earlier run (call once, at open)."""
@@ -152,7 +151,7 @@ class CommitPipeline:
     # -- committing ----------------------------------------------------------------------
 
     def _pending(self, owed: Owed) -> Pending:
-        return Pending(owed, ready=self.ready, session_over=self._session_over)
+        return Pending(owed, ready=self.ready, over=self._over)
 
     def base(self, entity: Entity) -> ForkBase:
         """What a fork of ``entity`` taken now starts from."""
@@ -216,16 +215,12 @@ class CommitPipeline:
 
         return stream()
 
-    async def session_over(self) -> None:
-        """Wait until no session with the durable peer is open."""
-        await self._over.wait()
-
     # -- a session -------------------------------------------------------------------------
 
     async def serve(self, session: Session) -> None:
         """Push owed commits over ``session`` and take their answers, until it ends."""
         self._queue = deque(self._owed.values())
-        self._over.clear()
+        self._over.begin()
         flight = Flight()
         tasks = [
             asyncio.ensure_future(self._send(session, flight)),
@@ -244,7 +239,7 @@ class CommitPipeline:
                     log.warning("the commit pipeline stopped: %r", outcome)
             await session.close()  # a pipeline that stopped ends its session: the next restarts
             await self._flush_settled()
-            self._over.set()
+            self._over.end()
 
     async def wait_pushed(self, session: Session) -> None:
         """Wait until every commit owed now is confirmed or reverted (or the session ends)."""

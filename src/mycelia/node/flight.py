@@ -40,6 +40,7 @@ __all__ = [
     "Flight",
     "Gate",
     "Pending",
+    "SessionOver",
     "answered",
     "answers_each",
     "either",
@@ -72,24 +73,43 @@ class _Done:
 DONE: Final = _Done()
 
 
+class SessionOver:
+    """Whether the pipeline's session with the durable peer is over, as a future that a
+    :class:`Pending` waits on beside its own outcome: with ``asyncio.wait``, which adds and
+    removes its callbacks and never cancels it (awaiting it directly would: a cancelled
+    waiter cancels what it awaits, for every other waiter too)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.future.set_result(None)  # no session yet
+
+    def begin(self) -> None:
+        """A session is open (a new future if the last one is over)."""
+        if self.future.done():
+            self.future = asyncio.get_running_loop().create_future()
+
+    def end(self) -> None:
+        """The session is over: its waiters stop waiting."""
+        if not self.future.done():
+            self.future.set_result(None)
+
+
 class Pending:
     """One owed commit and its waiters (the :class:`~mycelia.node.ports.Commit` handle).
 
     ``settled`` waits for the verdict while ``ready()`` says a session is open, and no
-    longer than until ``session_over()`` returns (the pipeline's)."""
+    longer than until ``over`` (the pipeline's) says it ended. It waits on both futures at
+    once, with no task of its own: a ``wait="peer"`` commit used to start two tasks and a
+    gather to learn which came first."""
 
-    __slots__ = ("_future", "_ready", "_session_over", "owed")
+    __slots__ = ("_future", "_over", "_ready", "owed")
 
-    def __init__(
-        self,
-        owed: Owed,
-        *,
-        ready: Callable[[], bool],
-        session_over: Callable[[], Awaitable[None]],
-    ) -> None:
+    def __init__(self, owed: Owed, *, ready: Callable[[], bool], over: SessionOver) -> None:
         self.owed = owed
         self._ready = ready
-        self._session_over = session_over
+        self._over = over
         self._future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._future.add_done_callback(_retrieve)
 
@@ -101,7 +121,8 @@ class Pending:
 
     async def settled(self) -> None:
         if not self._future.done() and self._ready():
-            await either(asyncio.shield(self._future), self._session_over())
+            both = (self._future, self._over.future)
+            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
         if self._future.done():
             self._future.result()
 
