@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pycrdt
+import pytest
+
 from mycelia import Model, Node, Text
 from mycelia.proto import State
 from mycelia.storage import MemoryStorage
@@ -68,3 +73,54 @@ async def test_a_lazy_state_buffer_is_the_canonical_one() -> None:
     again = await fresh.storage.get_state(note_id)
     assert again is not None
     assert again.state == rebuilt
+
+
+async def test_a_committed_fork_s_document_becomes_the_spare_without_its_own_diff_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Taking a fork's document back applied the fork's own diff to it once more (a no-op
+    for Yrs, one more update a keystroke); only what came between is applied."""
+    node = await _node()
+    ctx = node.context()
+    async with ctx.transaction() as trx:
+        note_id = trx.create(Note, body="ab").id
+    for i in range(2):  # the second fork takes the spare the first one gave back
+        async with ctx.transaction() as trx:
+            (await trx.edit(Note, note_id)).body.insert(0, str(i))
+    applied: list[int] = []
+    original = pycrdt.Doc.apply_update
+
+    def counted(doc: pycrdt.Doc[Any], update: bytes) -> None:
+        applied.append(id(doc))
+        original(doc, update)
+
+    monkeypatch.setattr(pycrdt.Doc, "apply_update", counted)
+    async with ctx.transaction() as trx:
+        (await trx.edit(Note, note_id)).body.insert(0, "X")
+    assert len(applied) == 1, "the resident's document only"
+    # A fork holds the spare while a peer's edit is applied: when it commits, its
+    # document comes back and is brought up to date with that edit (and only that one).
+    other = await Node.open(MemoryStorage(), durable=True)
+    await other.join_system(await node.system_events())
+    await other.ingest(await ctx.history(Note, note_id))
+    async with other.context().transaction() as trx:
+        (await trx.edit(Note, note_id)).body.insert(0, "P")
+    between = ctx.transaction()
+    (await between.edit(Note, note_id)).body.insert(0, "Y")  # takes the spare
+    await node.ingest(await other.context().history(Note, note_id))
+    applied.clear()
+    await between.commit()
+    assert len(applied) == 2, "the resident's, and the peer's edit to the returning document"
+    monkeypatch.undo()
+    async with ctx.transaction() as trx:  # takes the spare that came back
+        (await trx.edit(Note, note_id)).body.insert(0, "!")
+    text = str((await ctx.get(Note, note_id)).body)
+    assert sorted(text) == sorted("!YPX10ab")
+    replica = await Node.open(MemoryStorage(), durable=True)
+    await replica.join_system(await node.system_events())
+    await replica.ingest(await ctx.history(Note, note_id))
+    assert str((await replica.context().get(Note, note_id)).body) == text
+    ours, theirs = await node.storage.get_state(note_id), await replica.storage.get_state(note_id)
+    assert ours is not None
+    assert theirs is not None
+    assert ours.state == theirs.state

@@ -279,14 +279,15 @@ class TextBackend:
         if self._spare is not None:
             self._spare.apply_update(update)
         elif back is not None:
-            self._take_back(back)
+            self._take_back(back, at)
 
-    def _take_back(self, back: _Return) -> None:
-        """Make a committed fork's document the spare, brought up to date."""
+    def _take_back(self, back: _Return, at: int) -> None:
+        """Make a committed fork's document the spare, brought up to date with the updates
+        logged between its fork and its own diff, logged at ``at`` (it holds that one)."""
         self._returns.clear()
         doc = back.doc
         if back.log is self._log:
-            for update in back.log[back.count :]:
+            for update in back.log[back.count : at]:  # (none, nearly always)
                 doc.apply_update(update)
         else:  # the log was folded since the fork: catch up by state vector
             doc.apply_update(self._doc.get_update(doc.get_state()))
