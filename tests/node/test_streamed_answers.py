@@ -28,6 +28,7 @@ from mycelia.proto.peering import (
     SubscribeRequest,
 )
 from mycelia.storage import MemoryStorage
+from mycelia.testing.faults import FaultyStorage, InjectedFailure
 from tests.hostile.serving import RawPeer
 from tests.node.waiting import until
 
@@ -234,3 +235,23 @@ async def test_a_subscriber_applies_pages_before_the_answer_is_whole(node: Node)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_page_this_node_fails_to_store_fails_the_subscription_loudly(node: Node) -> None:
+    """A storage failure while applying a page was taken for the peer's refusal of the
+    query, logged, and the query opened without those entities: the peer believed them
+    held, so they never came again (the simulator's snapshot catch-up, seed 8)."""
+    ids = await items(node, 5, 64)
+    server = await mycelia.serve(node, port=0)
+    storage = FaultyStorage()
+    client = await Node.open(storage, durable=False, progress=False)
+    await mycelia.connect(client, server.url)
+    await client.wait_ready(timeout=10)
+    storage.arm(1)
+    with pytest.raises(InjectedFailure):
+        async with client.context().query(Item, ""):
+            pass
+    async with client.context().query(Item, "") as live:
+        assert sorted(v.id for v in live.items) == sorted(ids)
+    await client.close()
+    await server.close()

@@ -320,24 +320,29 @@ class Upstream:
         collection, text, args, qid = live.collection, live.text, live.args, live.query_id
         # Each page is applied as it arrives, while the peer builds the next: a fresh
         # client's answer of 1,000 entities took the peer 15 ms and this node 56, one
-        # after the other. A page that cannot be applied does not stop the others.
+        # after the other. A page that cannot be applied does not stop the others; a
+        # failure to apply one otherwise (a storage write) is raised, as the answer's
+        # would be: the peer believes this node holds what it sent.
         refused: list[tuple[tuple[Delta, ...], MyceliaError]] = []
         ask = session.stream(
             lambda rid: SubscribeRequest(rid, qid, collection, text, args, tuple(known))
         )
-        try:
-            async with ask as parts:
-                async for part in parts:
-                    deltas = _deltas_of(part)
-                    try:
-                        await self.apply_deltas(deltas)
-                    except (DecodeError, LineageError, RetrievalError) as exc:
-                        refused.append((deltas, exc))
-        except (ConnectionClosed, RequestTimeout):
-            return  # the session is ending: the next one subscribes again
-        except MyceliaError as exc:
-            log.warning("could not subscribe query %s on the durable peer: %s", qid, exc)
-            return
+        async with ask as parts:
+            while True:
+                try:  # the answer's own failures
+                    part = await anext(parts, None)
+                    deltas = None if part is None else _deltas_of(part)
+                except (ConnectionClosed, RequestTimeout):
+                    return  # the session is ending: the next one subscribes again
+                except MyceliaError as exc:
+                    log.warning("could not subscribe query %s on the durable peer: %s", qid, exc)
+                    return
+                if deltas is None:
+                    break
+                try:
+                    await self.apply_deltas(deltas)
+                except (DecodeError, LineageError, RetrievalError) as exc:
+                    refused.append((deltas, exc))
         if refused:
             first = refused[0][1]
             bridged = {d.entity_id for deltas, _ in refused for d in deltas if d.events}
