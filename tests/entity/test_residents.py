@@ -5,6 +5,7 @@ resident's death does not take its successor's entry with it."""
 from __future__ import annotations
 
 import gc
+import types
 
 from mycelia.entity import Entity, Residents
 from mycelia.proto import EntityId
@@ -37,3 +38,17 @@ def test_a_replaced_resident_dying_leaves_its_successor() -> None:
     del old
     gc.collect()
     assert residents.get(new.entity_id) is new
+
+
+def test_every_weak_reference_shares_one_callback() -> None:
+    """A fresh client adopts a thousand entities at once: each weak reference made its own
+    bound method of the resident set (one more tracked object an entity)."""
+    residents = Residents(keep=10)
+    held = [entity(n) for n in range(5, 105)]
+    gc.collect()
+    methods = sum(type(o) is types.MethodType for o in gc.get_objects())
+    for resident in held:
+        residents.put(resident)
+    gc.collect()
+    assert sum(type(o) is types.MethodType for o in gc.get_objects()) - methods <= 1
+    assert all(residents.get(r.entity_id) is r for r in held)

@@ -33,7 +33,7 @@ class Residents:
     """One in-memory entity per id (weakly held, with a strong LRU bounded in count and
     bytes)."""
 
-    __slots__ = ("_bytes", "_keep", "_keep_bytes", "_recent", "_weak")
+    __slots__ = ("_bytes", "_keep", "_keep_bytes", "_on_gone", "_recent", "_weak")
 
     def __init__(self, *, keep: int = DEFAULT_KEEP, keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
         # A plain dict of weak references, not a WeakValueDictionary: its ``get`` raises and
@@ -43,6 +43,7 @@ class Residents:
         self._keep = keep
         self._keep_bytes = keep_bytes
         self._bytes = 0
+        self._on_gone = self._gone  # one bound method for every weak reference (not one each)
 
     @property
     def kept_bytes(self) -> int:
@@ -73,7 +74,7 @@ class Residents:
             self._bytes += size - kept[1]
             self._shrink()
             return entity
-        self._weak[entity_id] = _Held(entity, self._gone, entity_id)
+        self._weak[entity_id] = _Held(entity, self._on_gone, entity_id)
         self._keep_strongly(entity)
         return entity
 
