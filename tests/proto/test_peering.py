@@ -3,6 +3,7 @@ what they refuse."""
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from mycelia.errors import DecodeError, InvalidArgument, PayloadTooLarge, RemoteProtocolError
 from mycelia.proto import DEFAULT_LIMITS, EntityId, EventId
-from mycelia.proto.codec import pack, unpack
+from mycelia.proto.codec import COUNTED_PAYLOAD, pack, unpack
 from mycelia.proto.messages import Message, decode_frame, encode_frame, message_types, peek
 from mycelia.proto.peering import (
     PAGES,
@@ -179,3 +180,30 @@ def test_a_peek_reads_what_a_full_decode_reads_and_never_raises(
     assert peek(frame + tail) == (tag, first)
     for cut in range(len(frame)):
         peek(frame[:cut])  # a truncated frame: whatever it says, it does not raise
+
+
+def test_a_large_frame_decodes_with_no_collection_and_the_collector_resumes() -> None:
+    """The collector is paused for a large frame's whole decode (its fields too), and
+    resumed whether the decode succeeds or fails."""
+    state = State.of(head={EventId(b"\x01" * 32): 3}, buffers={"lww": b"x" * 40})
+    entities = [EntityId(n.to_bytes(32, "big")) for n in range(3000)]
+    deltas = tuple(Delta(e, "c", True, EntityState(e, "c", state), ()) for e in entities)
+    frame = encode_frame(DeltasResponse(1, deltas))
+    assert len(frame) > COUNTED_PAYLOAD
+    started: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        decoded = decode_frame(frame)
+    finally:
+        gc.callbacks.remove(count)
+    assert decoded == DeltasResponse(1, deltas)
+    assert started == [], "no collection while the frame decoded"
+    assert gc.isenabled()
+    with pytest.raises(DecodeError):
+        decode_frame(frame[:-3])
+    assert gc.isenabled()

@@ -18,11 +18,12 @@ Invariants:
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from typing import ClassVar, Final, TypeVar, dataclass_transform
 
 from mycelia.errors import DecodeError, InvalidArgument, InvalidMessage
-from mycelia.proto.codec import expect_int, pack, unpack
+from mycelia.proto.codec import COUNTED_PAYLOAD, expect_int, pack, unpack
 from mycelia.proto.event import Event
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
 from mycelia.proto.schema import EVENTS, Record, record, wire
@@ -168,14 +169,24 @@ _INT_FORMS: Final = {
 
 
 def decode_frame(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> Message:
-    """Decode one frame into its message class.
+    """Decode one frame into its message class. A large frame decodes with the garbage
+    collector paused, its fields as well as its msgpack (:func:`~mycelia.proto.codec.unpack`
+    pauses it for the latter alone): a collection in the middle would find the frame's
+    decoded arrays alive, promote them, and count them towards a full collection, though
+    they are garbage a moment later (a fresh client's sync decodes thousands of states).
 
     Raises:
         PayloadTooLarge: beyond ``limits``.
         InvalidMessage: not a frame of this protocol.
         DecodeError: a field is malformed.
     """
-    return decode_fields(unpack_frame(data, limits=limits), limits=limits)
+    if len(data) <= COUNTED_PAYLOAD or not gc.isenabled():
+        return decode_fields(unpack_frame(data, limits=limits), limits=limits)
+    gc.disable()
+    try:
+        return decode_fields(unpack_frame(data, limits=limits), limits=limits)
+    finally:
+        gc.enable()
 
 
 def unpack_frame(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> list[object]:
