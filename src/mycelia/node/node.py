@@ -406,6 +406,7 @@ class Node(Wiring):
         for task in list(self._tasks):
             task.cancel()
         await self._storage.close()
+        self._residents.clear()  # (freed now: the node's parts hold one another in cycles)
 
     async def __aenter__(self) -> Node:
         return self

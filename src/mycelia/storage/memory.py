@@ -93,6 +93,7 @@ class MemoryStorage:
 
     async def event_stored(self, event_id: EventId) -> bool:
         """Whether the event is stored."""
+        self._check_open()
         return event_id in self._events
 
     async def events_of(self, entity_id: EntityId) -> list[AdmittedEvent]:
@@ -190,6 +191,7 @@ class MemoryStorage:
 
     async def last_offset(self) -> int:
         """The newest offset."""
+        self._check_open()
         return len(self._feed)
 
     async def get_meta(self, key: str) -> bytes | None:
@@ -246,8 +248,17 @@ class MemoryStorage:
         return len(events)
 
     async def close(self) -> None:
-        """Drop everything."""
+        """Drop everything, at once: a closed node's events and states are freed as it
+        closes, not left to the garbage collector's next full pass (the node's parts hold
+        one another in cycles)."""
         self._closed = True
+        self._events.clear()
+        self._recent = RecentEvents()
+        self._by_entity.clear()
+        self._states.clear()
+        self._by_collection.clear()
+        self._feed.clear()
+        self._meta.clear()
 
 
 def _entry(offset: int, row: _Row) -> FeedEntry:
