@@ -182,7 +182,7 @@ def decode_frame(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> Message:
     """
     if len(data) <= COUNTED_PAYLOAD or not gc.isenabled():
         return decode_fields(unpack_frame(data, limits=limits), limits=limits)
-    gc.disable()
+    gc.disable()  # (by hand, as codec's is: a context manager allocates before pausing)
     try:
         return decode_fields(unpack_frame(data, limits=limits), limits=limits)
     finally:
