@@ -12,6 +12,10 @@ Invariants:
   a member's delta is noted there before it is returned, and a non-member is dropped from
   it. An update sends a change's own events when the peer holds the head before it and
   they are small; otherwise a snapshot or a bridge.
+- An answer holds its result's ids and heads, not its rows: it reads them again from
+  storage a batch of about :data:`READ_BYTES` at a time as it yields them, and a row
+  changed since it was ranked is sent only if it still belongs to the result (the change
+  itself is fed to the subscription once the answer is built).
 - Every row sent passes the policy's ``can_read`` for the standing's credentials. An
   entity the peer may not read gets the same delta as one that does not exist:
   ``matches=False``, with no data.
@@ -39,13 +43,16 @@ from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.peering import Delta, KnownEntity
 from mycelia.proto.query import Query, evaluate, order_key
 from mycelia.proto.query.compile import Compiled, compile_predicate
-from mycelia.retrieval import StoredState
 from mycelia.storage import StorageEngine
 
 __all__ = ["PAGE_LIMIT", "Loader", "ServedQueries", "ServedQuery"]
 
 PAGE_LIMIT: Final = 1024 * 1024
 """Most bytes of events a pushed update sends as they are (more: a snapshot or bridge)."""
+READ_BYTES: Final = 1024 * 1024
+"""About how many bytes of states an answer reads from storage at once."""
+_FIRST_READ: Final = 16
+"""How many rows an answer's first read takes (the next ones are sized by their bytes)."""
 
 
 @dataclass(slots=True)
@@ -96,8 +103,7 @@ class ServedQueries:
         credentials, collection, query = standing.credentials, standing.collection, standing.query
         members = standing.sent
         known_heads = {k.entity_id: k.head for k in known}
-        for stored in await self._rank(standing, lane):
-            state = stored.state
+        async for state in self._read(standing, await self._rank(standing, lane)):
             held = known_heads.pop(state.entity_id, None)
             delta = await delta_for(self._storage, state, held)
             if delta is not None:
@@ -144,7 +150,7 @@ class ServedQueries:
         if standing.query.limit is not None:
             ranked = self._placed(standing, relevant)
             if ranked is None:
-                ranked = {s.state.entity_id for s in await self._rank(standing, lane)}
+                ranked = {entity_id for entity_id, _ in await self._rank(standing, lane)}
         deltas = []
         for change in relevant:
             entity_id = change.after.entity_id
@@ -178,17 +184,21 @@ class ServedQueries:
         standing.ranks = ranks
         return set(ranks.members())
 
-    async def _rank(self, standing: ServedQuery, lane: asyncio.Lock) -> list[StoredState]:
-        """The rows of a query's result the peer may read, from storage. A LIMIT result
-        is kept as ``standing.ranks`` when policy hides none of its rows (a hidden row
-        among them: every change is ranked by storage)."""
+    async def _rank(
+        self, standing: ServedQuery, lane: asyncio.Lock
+    ) -> list[tuple[EntityId, Clock]]:
+        """The ids and heads of the query's result the peer may read, in its order, from
+        storage: the rows themselves are let go at once (:meth:`_read` reads them again
+        as they are sent). A LIMIT result is kept as ``standing.ranks`` when policy hides
+        none of its rows (a hidden row among them: every change is ranked by storage)."""
         rows = await served_rows(
             self._storage, standing.collection, standing.query, lane=lane, heavy=self._heavy
         )
+        can_read, credentials = self._policy.can_read, standing.credentials
         readable = [
-            s
+            (s.state.entity_id, s.state.state.head)
             for s in rows
-            if self._policy.can_read(standing.credentials, _snapshot(s.state, s.values))
+            if can_read(credentials, _snapshot(s.state, s.values))
         ]
         limit = standing.query.limit
         if isinstance(limit, int) and len(readable) == len(rows):
@@ -196,6 +206,37 @@ class ServedQueries:
             ranked = [(s.state.entity_id, order_key(s.values, order_by)) for s in rows]
             standing.ranks = Ranks(limit, ranked)
         return readable
+
+    async def _read(
+        self, standing: ServedQuery, rows: list[tuple[EntityId, Clock]]
+    ) -> AsyncIterator[EntityState]:
+        """The states of the ranked ``rows``, read from storage a batch of about
+        :data:`READ_BYTES` at a time, so an answer holds about one page of its result however
+        large it is. A row changed since it was ranked is loaded again and yielded only
+        while the peer may read it and it matches: the change itself reaches the peer's
+        subscriptions after the answer (see :mod:`mycelia.node.serving`)."""
+        start, count = 0, _FIRST_READ
+        while start < len(rows):
+            batch = rows[start : start + count]
+            start += len(batch)
+            states = await self._storage.get_states([entity_id for entity_id, _ in batch])
+            size = 0
+            for entity_id, head in batch:
+                state = states.get(entity_id)
+                if state is not None and state.state.head != head:
+                    state = await self._current(standing, entity_id)
+                if state is not None:
+                    size += state.wire_size(estimate=True)
+                    yield state
+            del states, state  # (a suspended generator holds its locals)
+            count = max(1, min(2 * count, count * READ_BYTES // max(size, 1)))
+
+    async def _current(self, standing: ServedQuery, entity_id: EntityId) -> EntityState | None:
+        """The entity's state as this node holds it, if it belongs to the query's result."""
+        entity = await self._entities.load(entity_id)
+        if entity is None or not entity.exists:
+            return None
+        return entity.to_state() if self._member(standing, entity.snapshot()) else None
 
     async def _refill(self, standing: ServedQuery, ranked: set[EntityId]) -> list[Delta]:
         """Rows that entered a LIMIT result because others left it."""
