@@ -12,8 +12,9 @@ Invariants:
   a member's delta is noted there before it is returned, and a non-member is dropped from
   it. An update sends a change's own events when the peer holds the head before it and
   they are small; otherwise a snapshot or a bridge.
-- An answer holds its result's ids and heads, not its rows: it reads them again from
-  storage a batch of about :data:`READ_BYTES` at a time as it yields them, and a row
+- An answer holds about :data:`READ_BYTES` of its result's rows, and only the ids and
+  heads of the rest: it reads those again from storage a batch of about ``READ_BYTES``
+  at a time as it yields them, and a row
   changed since it was ranked is sent only if it still belongs to the result (the change
   itself is fed to the subscription once the answer is built).
 - Every row sent passes the policy's ``can_read`` for the standing's credentials. An
@@ -150,7 +151,7 @@ class ServedQueries:
         if standing.query.limit is not None:
             ranked = self._placed(standing, relevant)
             if ranked is None:
-                ranked = {entity_id for entity_id, _ in await self._rank(standing, lane)}
+                ranked = (await self._rank(standing, lane)).ids()
         deltas = []
         for change in relevant:
             entity_id = change.after.entity_id
@@ -184,37 +185,46 @@ class ServedQueries:
         standing.ranks = ranks
         return set(ranks.members())
 
-    async def _rank(
-        self, standing: ServedQuery, lane: asyncio.Lock
-    ) -> list[tuple[EntityId, Clock]]:
-        """The ids and heads of the query's result the peer may read, in its order, from
-        storage: the rows themselves are let go at once (:meth:`_read` reads them again
-        as they are sent). A LIMIT result is kept as ``standing.ranks`` when policy hides
-        none of its rows (a hidden row among them: every change is ranked by storage)."""
+    async def _rank(self, standing: ServedQuery, lane: asyncio.Lock) -> _Ranked:
+        """The query's result the peer may read, in its order, from storage: its first rows
+        whole, about :data:`READ_BYTES` of them, then the ids and heads of the rest (their
+        rows are let go at once: :meth:`_read` reads them again as they are sent). A LIMIT
+        result is kept as ``standing.ranks`` when policy hides none of its rows (a hidden
+        row among them: every change is ranked by storage)."""
         rows = await served_rows(
             self._storage, standing.collection, standing.query, lane=lane, heavy=self._heavy
         )
         can_read, credentials = self._policy.can_read, standing.credentials
-        readable = [
-            (s.state.entity_id, s.state.state.head)
-            for s in rows
-            if can_read(credentials, _snapshot(s.state, s.values))
-        ]
+        ranked, room, readable = _Ranked(), READ_BYTES, 0
+        for s in rows:
+            state = s.state
+            if not can_read(credentials, _snapshot(state, s.values)):
+                continue
+            readable += 1
+            if room > 0:
+                ranked.first.append(state)
+                room -= state.wire_size(estimate=True)
+            else:
+                ranked.rest.append((state.entity_id, state.state.head))
         limit = standing.query.limit
-        if isinstance(limit, int) and len(readable) == len(rows):
+        if isinstance(limit, int) and readable == len(rows):
             order_by = standing.query.order_by
-            ranked = [(s.state.entity_id, order_key(s.values, order_by)) for s in rows]
-            standing.ranks = Ranks(limit, ranked)
-        return readable
+            standing.ranks = Ranks(
+                limit, [(s.state.entity_id, order_key(s.values, order_by)) for s in rows]
+            )
+        return ranked
 
-    async def _read(
-        self, standing: ServedQuery, rows: list[tuple[EntityId, Clock]]
-    ) -> AsyncIterator[EntityState]:
-        """The states of the ranked ``rows``, read from storage a batch of about
-        :data:`READ_BYTES` at a time, so an answer holds about one page of its result however
-        large it is. A row changed since it was ranked is loaded again and yielded only
-        while the peer may read it and it matches: the change itself reaches the peer's
-        subscriptions after the answer (see :mod:`mycelia.node.serving`)."""
+    async def _read(self, standing: ServedQuery, ranked: _Ranked) -> AsyncIterator[EntityState]:
+        """The states of the ``ranked`` result: its first rows as ranked, then the rest read
+        from storage a batch of about :data:`READ_BYTES` at a time, so an answer holds
+        about one page of its result however large it is. A row changed since it was ranked
+        is loaded again and yielded only while the peer may read it and it matches: the
+        change itself reaches the peer's subscriptions after the answer (see
+        :mod:`mycelia.node.serving`)."""
+        first, rows = ranked.first[::-1], ranked.rest
+        del ranked  # (a suspended generator holds its locals: the rows go as they are sent)
+        while first:
+            yield first.pop()
         start, count = 0, _FIRST_READ
         while start < len(rows):
             batch = rows[start : start + count]
@@ -228,7 +238,7 @@ class ServedQueries:
                 if state is not None:
                     size += state.wire_size(estimate=True)
                     yield state
-            del states, state  # (a suspended generator holds its locals)
+            del states, state
             count = max(1, min(2 * count, count * READ_BYTES // max(size, 1)))
 
     async def _current(self, standing: ServedQuery, entity_id: EntityId) -> EntityState | None:
@@ -291,6 +301,19 @@ class ServedQueries:
     def _selects(standing: ServedQuery, snapshot: Snapshot) -> bool:
         """Whether the query's predicate selects the entity's values (policy aside)."""
         return (standing.predicate or compile_predicate(standing.query.predicate))(snapshot.values)
+
+
+@dataclass(slots=True)
+class _Ranked:
+    """A query's result as ranked (:meth:`ServedQueries._rank`): its first rows whole,
+    then the ids and heads of the rest."""
+
+    first: list[EntityState] = field(default_factory=list)
+    rest: list[tuple[EntityId, Clock]] = field(default_factory=list)
+
+    def ids(self) -> set[EntityId]:
+        """The result's ids."""
+        return {s.entity_id for s in self.first} | {entity_id for entity_id, _ in self.rest}
 
 
 def _small(change: EntityChange) -> bool:
