@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from mycelia.proto.query import In, Op, Query, encode_key, holds, parse
 from mycelia.proto.query.keys import TAG_NUMBER
-from mycelia.storage.plan import IndexPlan, KeyRange, index_entries, plan_query, successor
+from mycelia.storage.plan import LONG, IndexPlan, KeyRange, index_entries, plan_query, successor
 from tests.proto.query.strategies import literals, scalars
 
 
@@ -100,3 +100,26 @@ def test_index_entries_are_the_keys_of_the_indexed_values_whatever_was_cached_be
                 assert entries == {"x": encode_key(value)}, value
     assert index_entries({"x": True}) != index_entries({"x": 1})
     assert index_entries({"x": "l" * 100}) == {"x": encode_key("l" * 100)}
+
+
+@given(st.text(max_size=12) | st.binary(max_size=12), st.integers(1, 40))
+def test_a_key_surely_longer_than_longest_is_long_and_any_other_is_exact(
+    value: str | bytes, longest: int
+) -> None:
+    """With ``longest``, a string or bytes value gets LONG only when its key would be
+    longer; otherwise its exact key (which an engine still measures: a multi-byte text
+    may be longer than its length says)."""
+    key = encode_key(value)
+    entry = index_entries({"x": value, "n": 1}, longest=longest)
+    assert entry["n"] == encode_key(1)
+    if entry["x"] == LONG:
+        assert len(key) > longest
+    else:
+        assert entry["x"] == key
+    assert index_entries({"x": value}) == {"x": key}  # without longest: always exact
+
+
+def test_a_long_text_is_long_without_its_key() -> None:
+    text = "é" * 1_000_000
+    assert index_entries({"body": text}, longest=511) == {"body": LONG}
+    assert LONG == b""  # no value key is empty: every key starts with its tag

@@ -87,10 +87,10 @@ def field_prefix(collection: str, field: str) -> bytes:
 def entry_keys(collection: str, entity_id: bytes, values: Mapping[str, object]) -> frozenset[bytes]:
     """Every ``by_field`` key of one state; raises StorageError for an unindexable value."""
     keys = set()
-    for field, value_key in index_entries(values).items():
+    for field, value_key in index_entries(values, longest=MAX_KEY).items():
         prefix = field_prefix(collection, field)
         key = prefix + value_key + entity_id
-        keys.add(key if len(key) <= MAX_KEY else prefix + _LONG + entity_id)
+        keys.add(key if value_key and len(key) <= MAX_KEY else prefix + _LONG + entity_id)
     return frozenset(keys)
 
 

@@ -59,7 +59,15 @@ from mycelia.proto.query import (
 from mycelia.proto.query.keys import TAG_BYTES, TAG_FALSE, TAG_NUMBER, TAG_STRING, TAG_TRUE
 from mycelia.proto.query.values import ORDERED_CLASSES, Collation, class_of
 
-__all__ = ["IndexPlan", "KeyRange", "check_bound", "conjuncts", "index_entries", "plan_query"]
+__all__ = [
+    "LONG",
+    "IndexPlan",
+    "KeyRange",
+    "check_bound",
+    "conjuncts",
+    "index_entries",
+    "plan_query",
+]
 
 _CLASS_BOUNDS: Final = {
     Collation.BOOL: (bytes([TAG_FALSE]), bytes([TAG_TRUE + 1])),
@@ -105,17 +113,24 @@ def successor(key: bytes) -> bytes:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
-def index_entries(values: Mapping[str, object]) -> dict[str, bytes]:
+def index_entries(values: Mapping[str, object], *, longest: int | None = None) -> dict[str, bytes]:
     """The indexed fields of a row and their value keys (see the module docstring).
+
+    With ``longest``, a string or bytes value whose key is surely longer than ``longest``
+    bytes gets :data:`LONG` instead, without being encoded: an engine keeps no key that
+    long, and a long text then costs it nothing to index, not a copy of the text a write.
 
     Raises StorageError for a value outside the value model.
     """
     entries = {}
     try:
         for name, value in values.items():
+            if longest is not None and isinstance(value, str | bytes) and len(value) + 3 > longest:
+                entries[name] = LONG  # a tag, at least a byte a character, two to end it
+                continue
+            kind = type(value)
             # Small scalars of exact types go through a cache: a write computes the keys of
             # the values it replaces, which are usually the ones the last write computed.
-            kind = type(value)
             small = not isinstance(value, str | bytes) or len(value) <= _CACHED_LENGTH
             key = _cached_key(kind.__name__, value) if kind in _CACHED and small else _key(value)
             if key is not None:
@@ -125,6 +140,9 @@ def index_entries(values: Mapping[str, object]) -> dict[str, bytes]:
     return entries
 
 
+LONG: Final = b""
+"""The key :func:`index_entries` gives, with ``longest``, a value whose key is longer (no
+value key is empty: each starts with its tag)."""
 _CACHED: Final = frozenset({bool, int, float, str, bytes})
 _CACHED_LENGTH: Final = 64
 

@@ -365,7 +365,7 @@ def key_columns(
             columns[0].append(bytes(entity))
             columns[1].append(field.encode("utf-8", "surrogatepass"))
             columns[2].append(collection)
-            columns[3].append(key if len(key) <= MAX_INDEXED_KEY else None)
+            columns[3].append(key if key and len(key) <= MAX_INDEXED_KEY else None)
     return columns
 
 
@@ -384,5 +384,5 @@ def state_row(stored: StoredState) -> StateRow:
     projection = json.dumps(jsonable(stored.values), ensure_ascii=False, allow_nan=False)
     head = b"".join(state.state.head.ids)
     entity = bytes(state.entity_id)
-    entries = index_entries(stored.values)
+    entries = index_entries(stored.values, longest=MAX_INDEXED_KEY)
     return (entity, state.collection, state.to_stored(), raw, projection, head, entries)
