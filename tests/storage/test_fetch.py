@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mycelia.errors import InvalidArgument, StorageReadOnly
+from mycelia.errors import InvalidArgument, StorageCorrupt, StorageReadOnly
 from mycelia.proto import EntityId, EntityState, State
 from mycelia.proto.query import And, IsNull, Query, parse
 from mycelia.retrieval import StoredState, WriteBatch
@@ -182,6 +182,32 @@ async def test_a_layout_1_store_is_migrated_by_a_writable_open(tmp_path: Path) -
         assert [s.values["x"] for s in await storage.fetch("items", query)] == [49, 48, 47]
         await storage.write(WriteBatch(states=(state_of([genesis("items", 48)], {"x": 1}),)))
         assert [s.values["x"] for s in await storage.fetch("items", query)] == [49, 47, 46]
+    finally:
+        await storage.close()
+
+
+async def test_an_index_naming_a_missing_state_is_corrupt_and_a_scan_skips_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """A ``by_field`` entry whose state is gone is damage (StorageCorrupt), not a shorter
+    result; a collection scan over the same store still returns every state it holds."""
+    states = tuple(state_of([genesis("items", n)], {"x": n}) for n in range(20))
+    storage = LmdbStorage(tmp_path / "s", durable=False)
+    await storage.write(WriteBatch(states=states))
+    await storage.close()
+    gone = states[7].state.entity_id
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        assert txn.delete(bytes(gone), db=env.open_db(b"states", txn=txn))
+    env.close()
+    storage = LmdbStorage(tmp_path / "s", durable=False)
+    try:
+        with pytest.raises(StorageCorrupt, match="names a missing state"):
+            await storage.fetch("items", parse("x >= 5"))
+        rest = await storage.fetch("items", parse(""))  # no plan: the collection walk
+        assert sorted(s.state.entity_id for s in rest) == sorted(
+            s.state.entity_id for s in states if s.state.entity_id != gone
+        )
     finally:
         await storage.close()
 

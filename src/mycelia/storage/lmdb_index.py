@@ -35,12 +35,14 @@ import hashlib
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 from mycelia.errors import StorageCorrupt
 from mycelia.proto import EntityId
 from mycelia.proto.ids import ID_LENGTH
-from mycelia.proto.query import Placeholder, Query, encode_key, evaluate, sort_rows
+from mycelia.proto.query import MATCH_ALL, Placeholder, Query, encode_key, evaluate, sort_rows
+from mycelia.proto.query.compile import compile_predicate
 from mycelia.retrieval import StoredState
 from mycelia.storage.lmdb_format import Databases, stored_state, stored_values
 from mycelia.storage.plan import IndexPlan, KeyRange, index_entries
@@ -139,14 +141,19 @@ def fetch_in(
         candidates = _collection_ids(txn, dbs[b"by_collection"], collection)
     else:
         candidates = _plan_ids(txn, dbs, collection, plan, budget)
-    ids = list(_bounded(candidates, budget))
-    states = dbs[b"states"]
-    found = ((entity_id, txn.get(entity_id, db=states)) for entity_id in ids)
-    raw = {EntityId._trusted(i): value for i, value in found if value is not None}
-    if plan is not None and len(raw) != len(ids):
-        raise StorageCorrupt(f"the field index of {collection!r} names a missing state")
-    rows = [(entity_id, stored_values(value)) for entity_id, value in raw.items()]
-    return [StoredState(stored_state(raw[i]), values) for i, values in sort_rows(rows, query)]
+    states, matches = dbs[b"states"], compile_predicate(query.predicate)
+    kept: dict[EntityId, StoredState] = {}
+    for entity_id in _bounded(candidates, budget):
+        value = txn.get(entity_id, db=states)
+        if value is None:
+            if plan is not None:
+                raise StorageCorrupt(f"the field index of {collection!r} names a missing state")
+            continue
+        values = stored_values(value)
+        if matches(values):  # each row decoded whole as it is read: no copy of them all
+            kept[EntityId._trusted(entity_id)] = StoredState(stored_state(value), values)
+    rows = [(entity_id, stored.values) for entity_id, stored in kept.items()]
+    return [kept[i] for i, _ in sort_rows(rows, replace(query, predicate=MATCH_ALL.predicate))]
 
 
 def _walk_in_order(
