@@ -4,7 +4,11 @@ The server is a ``mycelia serve`` process on LMDB (``--memory`` runs an in-proce
 on MemoryStorage instead); clients are nodes in this process. Figures are medians;
 pycrdt-websocket's figures, measured on this kind of machine, are the bar.
 
-Run: ``python -m benches.bench_peering`` (``--quick`` shrinks the trace case)
+The last case is a crowd: fresh clients subscribing at once to a large collection, with
+the server's peak memory meanwhile (before answers read their rows as they paged them, 20
+clients × 30 MB took it to 1.43 GB).
+
+Run: ``python -m benches.bench_peering`` (``--quick`` shrinks the trace and crowd cases)
 """
 
 from __future__ import annotations
@@ -210,6 +214,53 @@ async def many_clients(
     return elapsed, entity, growth
 
 
+class Blob(Model, collection="blobs"):
+    data: bytes
+
+
+def peak_kib(pid: int, *, reset: bool = False) -> int:
+    """``pid``'s peak resident memory in KiB (VmHWM), reset to its current one first if
+    asked (``/proc/PID/clear_refs``, Linux 4.0+)."""
+    if reset:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def crowd_subscribes(
+    url: str, pid: int | None, *, clients: int, rows: int, size: int
+) -> tuple[float, int | None]:
+    """``clients`` fresh clients subscribe at once to ``rows`` entities of ``size`` bytes:
+    seconds until every one holds every byte, and the server's peak memory growth meanwhile
+    in KiB (None for an in-process server)."""
+    writer = await client(url)
+    for first in range(0, rows, 10):
+        async with writer.context().transaction() as trx:
+            for _ in range(min(10, rows - first)):
+                trx.create(Blob, data=os.urandom(size))
+    await writer.close()
+    nodes = [await client(url) for _ in range(clients)]
+    before = peak_kib(pid, reset=True) if pid is not None else 0
+
+    async def subscribe(node: Node) -> int:
+        async with node.context().query(Blob, "") as live:
+            return sum(len(view.data) for view in live.items)
+
+    start = time.perf_counter()
+    held = await asyncio.gather(*(subscribe(node) for node in nodes))
+    elapsed = time.perf_counter() - start
+    growth = peak_kib(pid) - before if pid is not None else None
+    for node in nodes:
+        await node.close()
+    if set(held) != {rows * size}:
+        raise RuntimeError(f"a client holds {min(held)} bytes of {rows * size}")
+    return elapsed, growth
+
+
 async def durable_edits(url: str, edits: int) -> float:
     a = await client(url)
     async with a.context().transaction() as trx:
@@ -368,6 +419,20 @@ async def _run(memory: bool, quick: bool, data: str) -> None:
                 "13.7 s (50,000 ops)",
                 "≤ 13.7 s",
                 verdict(t <= 13.7),
+            ]
+        )
+        crowd, blobs, blob = (5, 30, 100 * 1024) if quick else (20, 300, 100 * 1024)
+        elapsed_crowd, peak = await crowd_subscribes(url, pid, clients=crowd, rows=blobs, size=blob)
+        result_mib = blobs * blob / 2**20
+        rows.append(
+            [
+                f"{crowd} fresh clients subscribe at once to {blobs} entities of 100 KiB",
+                f"{fmt_time(elapsed_crowd)}, server peak +"
+                + ("—" if peak is None else f"{peak / 1024:.0f} MiB")
+                + f" ({result_mib:.0f} MiB each)",
+                "—",
+                f"peak < {crowd} × the result",
+                "—" if peak is None else verdict(peak / 1024 < crowd * result_mib),
             ]
         )
     lost = 200 * 10 + 1 - await server_events(node, data, shared)

@@ -14,9 +14,9 @@ Invariants:
   they are small; otherwise a snapshot or a bridge.
 - An answer holds about :data:`READ_BYTES` of its result's rows, and only the ids and
   heads of the rest: it reads those again from storage a batch of about ``READ_BYTES``
-  at a time as it yields them, and a row
-  changed since it was ranked is sent only if it still belongs to the result (the change
-  itself is fed to the subscription once the answer is built).
+  at a time as it yields them. A row changed since it was ranked is sent only if it
+  still belongs to the result (the change itself is fed to the subscription once the
+  answer is built).
 - Every row sent passes the policy's ``can_read`` for the standing's credentials. An
   entity the peer may not read gets the same delta as one that does not exist:
   ``matches=False``, with no data.
