@@ -1,8 +1,9 @@
 """A query's answer reads its rows from storage about a page at a time, as it sends them:
-the responder ranks the result, lets the rows go, and reads each batch again before it
-pages it. So a crowd of fresh subscribers to a large collection holds about one page each
-on the server, not the whole result each; and a row changed between the ranking and its
-read is sent only if it still belongs to the result."""
+the responder ranks the result, keeps about a page of its rows, lets the rest go, and
+reads them again a batch at a time before it pages them. So a crowd of fresh subscribers
+to a large collection holds about one page each on the server, not the whole result each;
+and a row changed between the ranking and its read is sent only if it still belongs to the
+result."""
 
 from __future__ import annotations
 
@@ -108,8 +109,8 @@ async def test_a_row_changed_after_the_ranking_is_sent_only_if_it_still_belongs(
             assert {v.id: v.data for v in live.items}[edited] == b"new"
 
             async def exact() -> bool:
-                held = {v.id: v.data for v in live.items}
-                return set(held) == set(ids) - {moved, deleted} and held[edited] == b"new"
+                shown = {v.id: v.data for v in live.items}
+                return set(shown) == set(ids) - {moved, deleted} and shown[edited] == b"new"
 
             await until(client, exact)
         # Neither ever reached the client: the answer did not send them, and no update had to.
