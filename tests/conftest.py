@@ -10,6 +10,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+import mycelia.node  # noqa: F401  (imports the hot path, for the report header)
+from mycelia.compiled import loaded
+
 settings.register_profile(
     "dev",
     max_examples=60,
@@ -24,3 +27,9 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_report_header() -> str:
+    """Which form of the hot path this run tests (``make test`` runs both: §13)."""
+    modules = loaded()
+    return f"mycelia: {len(modules)} compiled modules" if modules else "mycelia: pure Python"

@@ -5,6 +5,12 @@ and every replica converges to the same state without coordination. See ARCHITEC
 for the contract and README.md for a tour.
 """
 
+from mycelia.compiled import choose as _choose
+
+_choose()  # before any other module: the compiled hot path, or pure Python (compiled.py)
+
+# ruff: noqa: E402
+
 from mycelia.entity.fieldtypes import Json, Ref, Text
 from mycelia.entity.model import Model
 from mycelia.node import (

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+from mypy_extensions import mypyc_attr
+
 from mycelia.entity.backends import Backend, ClientIds, LwwBackend, OpaqueBackend, TextBackend
 from mycelia.entity.backends.text import merge_parts
 from mycelia.errors import DecodeError
@@ -80,6 +82,9 @@ class Snapshot:
         return self.values.get(DELETED) is True
 
 
+# A plain Python class where the module is compiled: residents hold it by weak reference,
+# which mypyc's native classes do not support.
+@mypyc_attr(native_class=False)
 class Entity:
     """Head (id → generation) plus backends for one entity."""
 
