@@ -26,7 +26,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 import tomllib
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
@@ -39,8 +38,10 @@ ROOT = Path(__file__).parent
 RECORD = ROOT / "src" / "mycelia" / "compiled.json"
 # What mypyc type-checks the compiled modules against: the runtime dependencies.
 NEEDED = ("msgpack", "websockets", "lmdb", "cryptography", "pycrdt", "mypy_extensions")
-# Commands that only write metadata: pip runs one before the build, and it needs no C.
+# Commands that only write metadata: pip runs them before the build, and they need no C.
 METADATA_ONLY = {"dist_info", "egg_info"}
+# The shared library mypyc builds the compiled modules into (``src/mycelia__mypyc…``).
+GROUP = "mycelia"
 
 
 def compiled_modules() -> list[str]:
@@ -68,8 +69,32 @@ def why_pure() -> str | None:
     return None
 
 
+def command() -> str | None:
+    """The setup command this run was asked for (pip's backend asks for one a run)."""
+    return next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
+
+
+def remove_previous_build() -> None:
+    """Remove every extension an earlier build left in ``src``, and its record: one left
+    for a module no longer compiled, or by a build that failed, would shadow its source."""
+    RECORD.unlink(missing_ok=True)
+    package = ROOT / "src" / "mycelia"
+    for suffix in EXTENSION_SUFFIXES:
+        for path in [*package.rglob(f"*{suffix}"), *group_library()]:
+            path.unlink(missing_ok=True)
+
+
+def group_library() -> list[Path]:
+    """The shared library mypyc built the compiled modules into, if it is there."""
+    src = ROOT / "src"
+    return [path for s in EXTENSION_SUFFIXES for path in src.glob(f"{GROUP}__mypyc{s}")]
+
+
 def extensions() -> list[Any]:
     """mypyc's extensions for the hot path, or none (the reason printed)."""
+    if command() in METADATA_ONLY:
+        return []  # metadata needs no C, and the build that follows compiles
+    remove_previous_build()
     reason = why_pure()
     if reason is not None:
         print(f"mycelia: building pure Python: {reason}", file=sys.stderr)
@@ -78,7 +103,7 @@ def extensions() -> list[Any]:
 
     modules = compiled_modules()
     try:
-        built = mypycify([str(source(m).relative_to(ROOT)) for m in modules], group_name="mycelia")
+        built = mypycify([str(source(m).relative_to(ROOT)) for m in modules], group_name=GROUP)
     except (Exception, SystemExit) as exc:  # mypyc reports a refusal by exiting
         print(f"mycelia: building pure Python: mypyc failed: {exc!r}", file=sys.stderr)
         return []
@@ -88,27 +113,23 @@ def extensions() -> list[Any]:
 
 
 class BuildExt(build_ext):
-    """Builds the extensions, then records the sources of those built beside them (an
-    editable install), which is how :mod:`mycelia.compiled` knows when they are stale.
-    If any failed, none is kept there: the compiled modules call one another directly,
-    so they are used all together or not at all."""
+    """Builds the extensions, then records the sources they were built from beside them
+    (an editable install), which is how :mod:`mycelia.compiled` knows when they are
+    stale. If any failed, none is kept: the compiled modules call one another directly
+    through their shared library, so they are used all together or not at all."""
 
     def run(self) -> None:
-        RECORD.unlink(missing_ok=True)
-        start = time.time()
         super().run()
-        modules = compiled_modules() if self.extensions else []
-        in_place = {m: beside(m) for m in modules}
-        fresh = all(p is not None and p.stat().st_mtime >= start for p in in_place.values())
-        if fresh:
+        if not self.extensions:
+            return
+        modules = compiled_modules()
+        in_place = [beside(m) for m in modules]
+        if group_library() and all(path is not None for path in in_place):
             digests = {m: hashlib.sha256(source(m).read_bytes()).hexdigest() for m in modules}
             RECORD.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
             return
-        for path in in_place.values():
-            if path is not None and path.stat().st_mtime < start:
-                path.unlink()  # an older build's: it would shadow the new sources
-        if modules:
-            print("mycelia: the C build failed, so the package is pure Python", file=sys.stderr)
+        remove_previous_build()
+        print("mycelia: the C build failed, so the package is pure Python", file=sys.stderr)
 
 
 def beside(module: str) -> Path | None:
