@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from mycelia import Model, Node
-from mycelia.compiled import loaded
 from mycelia.entity import (
     Applier,
     Entity,
@@ -305,11 +304,6 @@ async def test_history_below_a_head_whose_link_is_out_of_reach_is_not_placed_as_
     assert entity.head == Clock([mine.id])
 
 
-@pytest.mark.skipif(
-    "mycelia.entity.placement" in loaded(),
-    reason="counts walks by replacing placement.missing, which a compiled placement calls "
-    "directly; the suite's pure-Python run (MYCELIA_PURE_PYTHON=1, `make test`) checks it",
-)
 async def test_an_event_above_the_head_is_placed_without_a_walk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
