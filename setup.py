@@ -15,8 +15,10 @@ The build is pure Python, saying why, when:
   ``pip install --no-build-isolation``);
 - mypyc refuses a module, or the C compiler fails (the extensions are optional).
 
-The pure-Python package is the same code, run by the same suite (``make test`` runs it
-both ways).
+Every build first removes the extensions an earlier one left (one for a module no longer
+listed would shadow its source) and keeps none if any failed; pip's metadata-only runs
+compile nothing. The pure-Python package is the same code, run by the same suite (``make
+test`` runs it both ways).
 """
 
 from __future__ import annotations
