@@ -16,9 +16,10 @@ The build is pure Python, saying why, when:
 - mypyc refuses a module, or the C compiler fails (the extensions are optional).
 
 Every build first removes the extensions an earlier one left (one for a module no longer
-listed would shadow its source) and keeps none if any failed; pip's metadata-only runs
-compile nothing. The pure-Python package is the same code, run by the same suite (``make
-test`` runs it both ways).
+listed would shadow its source) and keeps none if any failed; a command that builds no
+extension (pip's metadata runs, a query such as ``--name``) compiles and removes nothing.
+The pure-Python package is the same code, run by the same suite (``make test`` runs it both
+ways).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ ROOT = Path(__file__).parent
 RECORD = ROOT / "src" / "mycelia" / "compiled.json"
 # What mypyc type-checks the compiled modules against: the runtime dependencies.
 NEEDED = ("msgpack", "websockets", "lmdb", "cryptography", "pycrdt", "mypy_extensions")
-# Commands that only write metadata: pip runs them before the build, and they need no C.
-METADATA_ONLY = {"dist_info", "egg_info"}
+# The commands that build extensions: any other (pip's metadata runs, ``--name``, sdist)
+# neither compiles nor touches an earlier build.
+BUILDING = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
 # The shared library mypyc builds the compiled modules into (``src/mycelia__mypyc…``).
 GROUP = "mycelia"
 
@@ -94,8 +96,8 @@ def group_library() -> list[Path]:
 
 def extensions() -> list[Any]:
     """mypyc's extensions for the hot path, or none (the reason printed)."""
-    if command() in METADATA_ONLY:
-        return []  # metadata needs no C, and the build that follows compiles
+    if command() not in BUILDING:
+        return []  # metadata or a query: no C, and an earlier build stays as it is
     remove_previous_build()
     reason = why_pure()
     if reason is not None:
