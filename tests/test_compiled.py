@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,9 @@ from mycelia import compiled
 SRC = Path(mycelia.__file__).resolve().parents[1]
 RECORD = SRC / "mycelia" / "compiled.json"
 BUILT: dict[str, str] = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+# CI sets this: a machine that can compile must have compiled, or the "compiled" run of
+# the suite would silently be a second pure-Python one.
+REQUIRE_ENV = "MYCELIA_REQUIRE_COMPILED"
 needs_build = pytest.mark.skipif(
     not BUILT,
     reason="no compiled build here: src/mycelia/compiled.json is missing (mypyc or a C "
@@ -35,6 +39,14 @@ REPORT = (
     "from mycelia.compiled import loaded\n"
     "print(json.dumps({'loaded': loaded(), 'warnings': [str(w.message) for w in caught]}))\n"
 )
+
+
+def test_a_machine_that_must_compile_has_a_compiled_build() -> None:
+    if not os.environ.get(REQUIRE_ENV):
+        pytest.skip(f"{REQUIRE_ENV} is not set (CI sets it; a build may be pure Python)")
+    assert BUILT, f"{REQUIRE_ENV}=1 but nothing was compiled: read `make venv`'s log"
+    config = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert sorted(BUILT) == sorted(config["tool"]["mycelia"]["compiled"])
 
 
 def report(src: Path, *, pure: bool) -> dict[str, list[str]]:
