@@ -9,7 +9,7 @@ import pytest
 from mycelia.entity.backends import ClientIds
 from mycelia.entity.draft import Draft
 from mycelia.entity.entity import Entity, Snapshot
-from mycelia.entity.fieldtypes import Ref, Text
+from mycelia.entity.fieldtypes import Json, Ref, Text
 from mycelia.entity.model import Handle, Model, View
 from mycelia.errors import InvalidArgument, TransactionClosed
 from mycelia.proto import Clock, EntityId, EventId
@@ -105,6 +105,28 @@ def test_a_handle_refuses_undeclared_names_and_bad_values() -> None:
     with pytest.raises(InvalidArgument, match="length"):
         handle.length = "long"  # type: ignore[assignment]
     assert "lenght" not in handle.__dict__
+
+
+def test_a_value_too_large_for_a_peer_is_refused_at_assignment_naming_the_field() -> None:
+    handle = _handle()
+    with pytest.raises(InvalidArgument, match=r"Track\.length: integer .* 64 bits"):
+        handle.length = 2**64
+    with pytest.raises(InvalidArgument, match=r"Track\.title takes str"):
+        handle.title = 3  # type: ignore[assignment]
+    with pytest.raises(InvalidArgument, match=r"Notes\.notes: a string may hold at most"):
+        Notes._handle(_draft_of(Notes)).notes = "x" * 70_000
+    with pytest.raises(InvalidArgument, match=r"Notes\.extra: a list may hold at most"):
+        Notes._handle(_draft_of(Notes)).extra = list(range(10_001))
+
+
+class Notes(Model, collection="notes"):
+    notes: str
+    extra: Json
+
+
+def _draft_of(model: type[Model]) -> Draft:
+    entity = Entity.empty(ID, model.__collection__, text_ids=ClientIds(random.Random(1)))
+    return Draft(model, entity, entity.snapshot(), lambda: True)
 
 
 def test_a_handle_is_closed_with_its_transaction() -> None:

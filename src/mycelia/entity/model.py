@@ -320,7 +320,7 @@ def _spec(cls: type[Model], name: str, hint: object) -> FieldSpec:
     has_default = name in cls.__dict__
     default = cls.__dict__.get(name)
     backend, check, wrap, collation = _kind(cls, name, hint)
-    if check is check_value:
+    if _is_json(hint):
         optional = True  # JSON's null is a JSON value
     if backend == "text":
         has_default, default = True, Text(default if isinstance(default, str) else "")
@@ -343,8 +343,8 @@ def _kind(
     where = f"{cls.__name__}.{name}"
     if hint is Text:
         return "text", _typed(where, (str,)), lambda v: Text(str(v)), Collation.STRING
-    if typing.get_origin(hint) is Annotated and JsonMarker in typing.get_args(hint):
-        return "lww", check_value, _identity, None
+    if _is_json(hint):
+        return "lww", _json_check(where), _identity, None
     if hint is Ref or typing.get_origin(hint) is Ref:
         wrap = _wrap_ref
         return "lww", _ref_check(where), wrap, Collation.BYTES
@@ -359,6 +359,10 @@ def _kind(
         allowed, collation = plain[hint]
         return "lww", _typed(where, allowed), _identity, collation
     raise InvalidArgument(f"{where}: {hint!r} is not a supported field type")
+
+
+def _is_json(hint: object) -> bool:
+    return typing.get_origin(hint) is Annotated and JsonMarker in typing.get_args(hint)
 
 
 def _identity(value: object) -> object:
@@ -379,9 +383,25 @@ def _typed(where: str, allowed: tuple[type, ...]) -> Callable[[object], object]:
             )
         if allowed == (float, int):
             value = float(value)  # type: ignore[arg-type]
-        return check_value(value)
+        return _stored(where, value)
 
     return check
+
+
+def _json_check(where: str) -> Callable[[object], object]:
+    def check(value: object) -> object:
+        return _stored(where, value)
+
+    return check
+
+
+def _stored(where: str, value: object) -> object:
+    """``value`` in canonical form; InvalidArgument naming the field if it cannot be
+    stored."""
+    try:
+        return check_value(value)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{where}: {exc}") from None
 
 
 def _ref_check(where: str) -> Callable[[object], object]:

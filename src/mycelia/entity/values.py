@@ -5,6 +5,11 @@ Invariants:
 - A value is ``None``, ``bool``, ``int`` (64-bit signed), ``float`` (not NaN), ``str``,
   ``bytes`` (ids are bytes), or JSON containers of those (``dict`` with ``str`` keys,
   ``list``), nested at most ``max_nesting_depth``.
+- :func:`check_value` refuses, when the value is set, whatever :func:`decode_value` would
+  refuse on a peer: a string (or object key) of more than ``max_string_length`` bytes of
+  UTF-8, a list or object of more than ``max_array_length`` items. (Before, a 70,000-char
+  string was taken by the assignment and refused at commit, as msgpack's
+  ``exceeds max_str_len``.)
 - :func:`encode_value` is canonical (dict keys sorted, tuples as lists), so two replicas
   holding the same value hold the same bytes; :func:`decode_value` accepts only what
   :func:`encode_value` can produce and raises :class:`~mycelia.errors.DecodeError`
@@ -32,7 +37,10 @@ def check_value(value: object, *, limits: Limits = DEFAULT_LIMITS, depth: int = 
     """``value`` in canonical form; raises InvalidArgument if it cannot be stored."""
     if depth > limits.max_nesting_depth:
         raise InvalidArgument(f"value nests deeper than {limits.max_nesting_depth}")
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        _check_string(value, limits, "a string")
         return value
     if isinstance(value, int):
         if not _INT_MIN <= value <= _INT_MAX:
@@ -45,13 +53,38 @@ def check_value(value: object, *, limits: Limits = DEFAULT_LIMITS, depth: int = 
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, (list, tuple)):
+        _check_items(len(value), limits, "a list")
         return [check_value(v, limits=limits, depth=depth + 1) for v in value]
     if isinstance(value, dict):
+        _check_items(len(value), limits, "an object")
         for key in value:
             if not isinstance(key, str):
                 raise InvalidArgument(f"object keys must be strings, not {type(key).__name__}")
+            _check_string(key, limits, "an object key")
         return {k: check_value(value[k], limits=limits, depth=depth + 1) for k in sorted(value)}
     raise InvalidArgument(f"a {type(value).__name__} cannot be stored in a field")
+
+
+def _check_string(text: str, limits: Limits, what: str) -> None:
+    """Refuse ``text`` if it is longer than a peer decodes (``max_string_length`` bytes)."""
+    most = limits.max_string_length
+    if len(text) * 4 <= most:  # a character is at most 4 bytes of UTF-8: nothing to count
+        return
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > most:
+        raise InvalidArgument(
+            f"{what} may hold at most {most:,} bytes of UTF-8, and this one has {size:,}: "
+            f"keep long text in a Text field, and large binary data as bytes"
+        )
+
+
+def _check_items(count: int, limits: Limits, what: str) -> None:
+    """Refuse a list or object of more items than a peer decodes."""
+    if count > limits.max_array_length:
+        raise InvalidArgument(
+            f"{what} may hold at most {limits.max_array_length:,} items, and this one has "
+            f"{count:,}: split it over several fields or entities"
+        )
 
 
 def encode_value(value: object) -> bytes:
