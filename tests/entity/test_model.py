@@ -119,6 +119,13 @@ def test_a_value_too_large_for_a_peer_is_refused_at_assignment_naming_the_field(
         Notes._handle(_draft_of(Notes)).extra = list(range(10_001))
 
 
+def test_a_text_field_takes_any_length() -> None:
+    """A Text field is a Yrs document: the limits of an LWW value are not its own."""
+    handle = _handle()
+    handle.title = "é" * 100_000
+    assert handle.title == "é" * 100_000
+
+
 class Notes(Model, collection="notes"):
     notes: str
     extra: Json

@@ -124,3 +124,37 @@ async def test_a_committed_fork_s_document_becomes_the_spare_without_its_own_dif
     assert ours is not None
     assert theirs is not None
     assert ours.state == theirs.state
+
+
+async def test_non_ascii_edits_keep_the_cached_text_equal_to_the_document() -> None:
+    """Edits of a non-ASCII text keep the cached text by characters (no re-encoding of the
+    whole document): after each, the view, the handle and a fresh read of the Yrs document
+    all equal a plain Python model of the edits."""
+    import random  # noqa: PLC0415 - this test only
+
+    rng = random.Random(7)
+    alphabet = "aé漢😀 "
+    node = await _node()
+    ctx = node.context()
+    model = "é😀a"
+    async with ctx.transaction() as trx:
+        note_id = trx.create(Note, body=model).id
+    for _ in range(300):
+        async with ctx.transaction() as trx:
+            handle = await trx.edit(Note, note_id)
+            for _ in range(rng.randint(1, 3)):
+                if model and rng.random() < 0.35:
+                    at = rng.randrange(len(model))
+                    length = rng.randint(1, min(4, len(model) - at))
+                    handle.body.delete(at, length)
+                    model = model[:at] + model[at + length :]
+                else:
+                    at = rng.randint(0, len(model))
+                    piece = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4)))
+                    handle.body.insert(at, piece)
+                    model = model[:at] + piece + model[at:]
+                assert str(handle.body) == model
+        assert str((await ctx.get(Note, note_id)).body) == model
+    entity = node._residents.get(note_id)  # the resident's own document, read again
+    assert entity is not None
+    assert str(entity.text().text("body")) == model

@@ -104,7 +104,7 @@ class Draft:
         current = self._text(field)
         if not 0 <= index <= len(current):
             raise InvalidArgument(f"insert at {index} is outside {field!r} (length {len(current)})")
-        self.entity.text().insert(field, _byte_offset(current, index), text)
+        self.entity.text().insert(field, _byte_offset(current, index), text, at=index)
 
     def text_delete(self, field: str, index: int, length: int) -> None:
         """Delete ``length`` characters from character ``index`` of a text field."""
@@ -116,8 +116,8 @@ class Draft:
             )
         if length:
             start = _byte_offset(current, index)
-            stop = _byte_offset(current, index + length)
-            self.entity.text().delete(field, start, stop)
+            stop = start + _byte_offset(current[index : index + length], length)
+            self.entity.text().delete(field, start, stop, chars=(index, index + length))
 
 
 def _byte_offset(text: str, index: int) -> int:

@@ -341,8 +341,8 @@ def _kind(
     cls: type[Model], name: str, hint: object
 ) -> tuple[str, Callable[[object], object], Callable[[object], object], Collation | None]:
     where = f"{cls.__name__}.{name}"
-    if hint is Text:
-        return "text", _typed(where, (str,)), lambda v: Text(str(v)), Collation.STRING
+    if hint is Text:  # a Yrs document: any length (the LWW value limits are not its own)
+        return "text", _typed(where, (str,), stored=False), lambda v: Text(str(v)), Collation.STRING
     if _is_json(hint):
         return "lww", _json_check(where), _identity, None
     if hint is Ref or typing.get_origin(hint) is Ref:
@@ -373,7 +373,12 @@ def _wrap_ref(value: object) -> object:
     return Ref(value) if isinstance(value, bytes) else value
 
 
-def _typed(where: str, allowed: tuple[type, ...]) -> Callable[[object], object]:
+def _typed(
+    where: str, allowed: tuple[type, ...], *, stored: bool = True
+) -> Callable[[object], object]:
+    """A check that ``value`` is one of ``allowed`` and (``stored``: an LWW field's value)
+    fits what a peer decodes."""
+
     def check(value: object) -> object:
         if isinstance(value, bool) and bool not in allowed:
             raise InvalidArgument(f"{where} takes {allowed[0].__name__}, not bool")
@@ -383,7 +388,7 @@ def _typed(where: str, allowed: tuple[type, ...]) -> Callable[[object], object]:
             )
         if allowed == (float, int):
             value = float(value)  # type: ignore[arg-type]
-        return _stored(where, value)
+        return _stored(where, value) if stored else value
 
     return check
 
