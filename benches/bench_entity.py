@@ -7,7 +7,7 @@ automerge-paper trace (259,778 ops) through ``Text`` in transactions of 100 ops 
 of replaying it in bare pycrdt.
 
 Issue 13 adds: a one-character transaction on a 120,000-char text (built by many small
-inserts, as editing does) within 1.5x of one on a 1,000-char text.
+inserts, as editing does) within 1.5x of one on a 1,000-char text, ASCII and accented.
 
 Run: ``python -m benches.bench_entity`` (``--quick``: 20,000 chars and 20,000 trace ops)
 """
@@ -209,16 +209,25 @@ async def mycelia_replay(ops: list[tuple[int, int, str]], per_txn: int) -> tuple
     return elapsed, str((await ctx.get(Doc1, entity_id)).body)
 
 
-def build_ops(length: int, seed: int, *, typist: bool) -> list[tuple[int, str]]:
-    """Small inserts (1-10 chars) that grow a text to ``length`` characters: at random
-    places, or (``typist``) at a cursor that jumps to a random place 2% of the time."""
+ASCII = "abcdefghij"
+ACCENTED = "aéèàçôüßøñ"
+"""Text for the non-ASCII rows: mostly two bytes of UTF-8 a character, as French or German
+is (Yrs counts bytes, users characters: an ASCII-only bench hides that conversion)."""
+
+
+def build_ops(
+    length: int, seed: int, *, typist: bool, alphabet: str = ASCII
+) -> list[tuple[int, str]]:
+    """Small inserts (1-10 chars of ``alphabet``) that grow a text to ``length``
+    characters: at random places, or (``typist``) at a cursor that jumps to a random place
+    2% of the time."""
     rng = random.Random(seed)
     ops: list[tuple[int, str]] = []
     size = cursor = 0
     while size < length:
         if not typist or rng.random() < 0.02:
             cursor = rng.randint(0, size)
-        piece = "abcdefghij"[: rng.randint(1, 10)]
+        piece = alphabet[: rng.randint(1, 10)]
         ops.append((cursor, piece))
         size += len(piece)
         cursor += len(piece)
@@ -304,12 +313,12 @@ def bare_inserts(text: YText, where: list[int]) -> float:
 
 
 async def one_char_costs(
-    long: int, *, typist: bool, rounds: int = 7, count: int = 100
+    long: int, *, typist: bool, alphabet: str = ASCII, rounds: int = 7, count: int = 100
 ) -> dict[tuple[str, int], float]:
     """Median seconds per one-char transaction (``"txn"``), of it outside pycrdt's insert
     (``"own"``: Mycelia's work), and per bare pycrdt insert into a document built the same
-    way (``"bare"``), on 1,000 and ``long`` chars, interleaved."""
-    built = {n: build_ops(n, n, typist=typist) for n in (1_000, long)}
+    way (``"bare"``), on 1,000 and ``long`` chars of ``alphabet``, interleaved."""
+    built = {n: build_ops(n, n, typist=typist, alphabet=alphabet) for n in (1_000, long)}
     nodes = {n: await text_node(ops) for n, ops in built.items()}
     bares = {n: bare_doc(ops) for n, ops in built.items()}
     samples: dict[tuple[str, int], list[float]] = {}
@@ -366,12 +375,14 @@ async def run(quick: bool) -> None:
             ]
         )
     long = 20_000 if quick else 120_000
-    for typist in (False, True):
-        costs = await one_char_costs(long, typist=typist)
+    for typist, alphabet in ((False, ASCII), (True, ASCII), (True, ACCENTED)):
+        costs = await one_char_costs(long, typist=typist, alphabet=alphabet)
         txn, bare = costs[("txn", long)] / costs[("txn", 1_000)], costs[("bare", long)]
         own = costs[("own", long)] / costs[("own", 1_000)]
         own_times = f"{fmt_time(costs[('own', long)])} vs {fmt_time(costs[('own', 1_000)])}"
         how = "typed at a cursor" if typist else "inserted at random places"
+        if alphabet != ASCII:
+            how += f", text of {alphabet!r}"
         rows.append(
             [
                 f"one-char txn, {long:,} vs 1,000 chars {how}",
