@@ -158,3 +158,20 @@ async def test_non_ascii_edits_keep_the_cached_text_equal_to_the_document() -> N
     entity = node._residents.get(note_id)  # the resident's own document, read again
     assert entity is not None
     assert str(entity.text().text("body")) == model
+
+
+async def test_text_utf8_cannot_encode_is_refused_with_a_typed_error() -> None:
+    """A lone surrogate reached Yrs, which raised a bare UnicodeEncodeError."""
+    from mycelia.errors import InvalidArgument  # noqa: PLC0415 - this test only
+
+    node = await _node()
+    ctx = node.context()
+    async with ctx.transaction() as trx:
+        note_id = trx.create(Note, body="ab").id
+    with pytest.raises(InvalidArgument, match="lone surrogate at character 1"):
+        async with ctx.transaction() as trx:
+            (await trx.edit(Note, note_id)).body.insert(1, "x\ud800")
+    with pytest.raises(InvalidArgument, match="lone surrogate"):
+        async with ctx.transaction() as trx:
+            trx.create(Note, body="é\udfff")
+    assert str((await ctx.get(Note, note_id)).body) == "ab"

@@ -91,6 +91,7 @@ class Draft:
             raise InvalidArgument(f"{self.model.__name__} has no field {field!r}")
         checked = spec.check(value)
         if spec.backend == "text":
+            _check_encodes(field, str(checked))
             self.entity.text().replace(field, str(checked))
             return
         self.entity.lww().set(field, encode_value(checked))
@@ -104,7 +105,9 @@ class Draft:
         current = self._text(field)
         if not 0 <= index <= len(current):
             raise InvalidArgument(f"insert at {index} is outside {field!r} (length {len(current)})")
-        self.entity.text().insert(field, _byte_offset(current, index), text, at=index)
+        _check_encodes(field, text)
+        backend = self.entity.text()
+        backend.insert(field, backend.byte_offset(field, index), text, at=index)
 
     def text_delete(self, field: str, index: int, length: int) -> None:
         """Delete ``length`` characters from character ``index`` of a text field."""
@@ -115,11 +118,20 @@ class Draft:
                 f"delete of {length} at {index} is outside {field!r} (length {len(current)})"
             )
         if length:
-            start = _byte_offset(current, index)
-            stop = start + _byte_offset(current[index : index + length], length)
-            self.entity.text().delete(field, start, stop, chars=(index, index + length))
+            backend = self.entity.text()
+            start = backend.byte_offset(field, index)
+            stop = start + len(current[index : index + length].encode())
+            backend.delete(field, start, stop, chars=(index, index + length))
 
 
-def _byte_offset(text: str, index: int) -> int:
-    """The UTF-8 byte offset of character ``index`` (Yrs counts bytes, users characters)."""
-    return index if text.isascii() else len(text[:index].encode("utf-8"))
+def _check_encodes(field: str, text: str) -> None:
+    """Refuse text UTF-8 cannot encode (a lone surrogate) before Yrs sees it: Yrs would
+    raise a bare ``UnicodeEncodeError``."""
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(
+                f"{field!r}: the text holds a lone surrogate at character {exc.start}, which "
+                f"UTF-8 cannot encode (decode what you read with errors='replace')"
+            ) from None

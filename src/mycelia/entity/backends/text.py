@@ -128,6 +128,7 @@ class TextBackend:
         "_log",
         "_log_bytes",
         "_names",
+        "_points",
         "_returned",
         "_returns",
         "_roots_of",
@@ -144,6 +145,11 @@ class TextBackend:
         self._client_id = int(doc.client_id)
         self._texts: dict[str, str] = {}
         """Texts read from the document (or known from a fork's edits), as Python strings."""
+        self._points: dict[str, tuple[str, int, int]] = {}
+        """Per property, a place in one text: that very ``str`` (a point is used only while
+        it is the current text), a character index and its UTF-8 byte offset. An edit
+        leaves one just after itself, so the next keystroke's offset costs O(distance), not
+        O(document) (:meth:`byte_offset`). Shared with forks: a point names its text."""
         self._names: list[str] | None = None  # the document's root names, once read
         self._roots_of: dict[str, Text] = {}  # root texts, once looked up
         self._base = base  # the state at the start of the log (None: empty)
@@ -330,6 +336,7 @@ class TextBackend:
             doc.apply_update(self._doc.get_update())
         fork = type(self)(doc, None, exact=False)
         fork._texts = dict(self._texts)
+        fork._points = self._points
         fork._names = None if self._names is None else list(self._names)
         if ids is not None:
             fork._lender = weakref.ref(self)
@@ -352,6 +359,25 @@ class TextBackend:
                 return ""
             current = self._texts[prop] = str(self.text(prop))
         return current
+
+    def byte_offset(self, prop: str, index: int) -> int:
+        """The UTF-8 byte offset of character ``index`` of ``prop``'s text (Yrs counts
+        bytes, users characters): ``index`` itself for ASCII, else counted from the last
+        point on this very text (see ``_points``), or from the start."""
+        current = self.value(prop)
+        if current.isascii():
+            return index
+        point = self._points.get(prop)
+        if point is not None and point[0] is current:
+            _, at, offset = point
+            if index >= at:
+                offset += len(current[at:index].encode())
+            else:
+                offset -= len(current[index:at].encode())
+        else:
+            offset = len(current[:index].encode())
+        self._points[prop] = (current, index, offset)
+        return offset
 
     def insert(self, prop: str, offset: int, text: str, *, at: int | None = None) -> None:
         """Insert ``text`` at UTF-8 byte ``offset`` of ``prop`` (a local edit). ``at`` is
@@ -429,7 +455,8 @@ class TextBackend:
         elif current.isascii():
             self._texts[prop] = current[:start] + text + current[stop:]
         elif chars is not None:
-            self._texts[prop] = current[: chars[0]] + text + current[chars[1] :]
+            edited = self._texts[prop] = current[: chars[0]] + text + current[chars[1] :]
+            self._points[prop] = (edited, chars[0] + len(text), start + len(text.encode()))
         else:
             raw = current.encode()
             self._texts[prop] = (raw[:start] + text.encode() + raw[stop:]).decode()
