@@ -43,14 +43,13 @@ from typing import Any, ClassVar, Final, Self
 
 from pycrdt import Doc, Subscription, Text, Transaction, TransactionEvent, merge_updates
 
+from mycelia.entity.backends import text_canon
 from mycelia.entity.backends.client_ids import REPLICA_CLIENT_ID, ClientIds
-from mycelia.errors import DecodeError, TransactionError
+from mycelia.entity.backends.text_canon import apply_update, canonical_update, merge_parts
+from mycelia.errors import TransactionError
 from mycelia.proto import AdmittedEvent, Deferred
 
 __all__ = ["REPLICA_CLIENT_ID", "ClientIds", "TextBackend", "canonical_update", "merge_parts"]
-
-CANON_CLIENT_ID: Final = 1
-"""The client id of the scratch documents that canonicalise (they mint nothing)."""
 
 COMPACT_MIN: Final = 64 * 1024
 """Logged update bytes tolerated before the log is folded into a new canonical base (at
@@ -68,34 +67,6 @@ RETURNS_KEPT: Final = 4
 def _new_doc(ids: ClientIds | None) -> Doc[Any]:
     """A document with a fresh client id from ``ids``, or a replica's without ``ids``."""
     return Doc(client_id=REPLICA_CLIENT_ID if ids is None else ids.next())
-
-
-def canonical_update(updates: list[bytes]) -> bytes:
-    """The canonical full update of the document those updates (applied in order) make."""
-    scratch: Doc[Any] = Doc(client_id=CANON_CLIENT_ID)
-    for update in updates:
-        scratch.apply_update(update)
-    return _canonical(scratch)
-
-
-def merge_parts(parts: tuple[bytes, ...]) -> bytes:
-    """The canonical buffer of a stored text's parts (:meth:`TextBackend.from_parts`);
-    raises DecodeError if one is malformed."""
-    scratch: Doc[Any] = Doc(client_id=CANON_CLIENT_ID)
-    for part in parts:
-        if part:
-            _apply_update(scratch, part)
-    return _canonical(scratch)
-
-
-def _canonical(doc: Doc[Any]) -> bytes:
-    # Reused client ids (ClientIds) let Yrs squash one client's consecutive items into a
-    # block or not depending on how updates arrived; integrating the whole document in one
-    # go squashes every block it can, so replicas holding the same items encode them
-    # byte-identically (ARCHITECTURE.md §1).
-    canon: Doc[Any] = Doc(client_id=CANON_CLIENT_ID)
-    canon.apply_update(doc.get_update())
-    return bytes(canon.get_update())
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +150,7 @@ class TextBackend:
         """Rebuild from a full update (a replica without ``ids``); raises DecodeError if
         malformed."""
         doc = _new_doc(ids)
-        _apply_update(doc, buffer)
+        apply_update(doc, buffer)
         return cls(doc, buffer)
 
     @classmethod
@@ -190,7 +161,7 @@ class TextBackend:
         doc = _new_doc(ids)
         for part in parts:
             if part:
-                _apply_update(doc, part)
+                apply_update(doc, part)
         backend = cls(doc, parts[0] or None)
         backend._log = list(parts[1:])
         backend._log_bytes = sum(len(p) for p in backend._log)
@@ -201,7 +172,7 @@ class TextBackend:
     def to_state(self) -> bytes:
         """The full document as one update, canonical for its content (O(document))."""
         self._close_edits()
-        state = _canonical(self._doc)
+        state = text_canon.canonical(self._doc)
         if not self._edited:
             self._fold(state)
         return state
@@ -271,7 +242,7 @@ class TextBackend:
             self._doc.unobserve(watch)
         at = len(self._log)
         log = self._log
-        _apply_update(self._doc, update)
+        apply_update(self._doc, update)
         self._logged(update)
         if watch is not None:
             self._watch = self._doc.observe(self._updates_append)
@@ -521,10 +492,3 @@ class TextBackend:
         return isinstance(other, TextBackend) and self.values() == other.values()
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def _apply_update(doc: Doc[Any], update: bytes) -> None:
-    try:
-        doc.apply_update(update)
-    except Exception as exc:  # pycrdt raises ValueError and panics as other types
-        raise DecodeError(f"malformed text update: {exc}") from exc
