@@ -211,10 +211,15 @@ class StorageEngine(EntityStore, Protocol):
         """Every stored state of ``collection`` with its values (queries fall back to it)."""
         ...
 
-    async def fetch(self, collection: str, query: Query) -> list[StoredState]:
+    async def fetch(
+        self, collection: str, query: Query, *, after: EntityId | None = None
+    ) -> list[StoredState]:
         """The states of ``collection`` matching the bound ``query``, in its order, at most
         its limit: exactly ``sort_rows`` over :meth:`scan` (ARCHITECTURE.md §8), pushed
-        down where the engine can. Raises InvalidArgument if ``query`` has placeholders."""
+        down where the engine can. With ``after``, over only the rows whose id sorts after
+        it: a query without ORDER BY is in id order, so its result is read a page at a
+        time by passing the last id of each page (keyset paging; a page costs about its
+        rows, not the collection's). Raises InvalidArgument if ``query`` has placeholders."""
         ...
 
     async def read_since(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:

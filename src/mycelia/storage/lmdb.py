@@ -265,10 +265,13 @@ class LmdbStorage:
 
         return await self._read_large(read, len(ids))
 
-    async def fetch(self, collection: str, query: Query) -> list[StoredState]:
+    async def fetch(
+        self, collection: str, query: Query, *, after: EntityId | None = None
+    ) -> list[StoredState]:
         """The states of ``collection`` matching the bound ``query``, in its order, at most
-        its limit: exactly ``sort_rows`` over :meth:`scan`, read through the field index
-        when the query has an indexable conjunct (see :mod:`mycelia.storage.plan`).
+        its limit: exactly ``sort_rows`` over :meth:`scan` (over the ids after ``after``),
+        read through the field index when the query has an indexable conjunct (see
+        :mod:`mycelia.storage.plan`).
 
         Raises InvalidArgument if the query has placeholders.
         """
@@ -280,7 +283,9 @@ class LmdbStorage:
             return []
 
         def run(budget: int | None) -> Callable[[Txn], list[StoredState]]:
-            return lambda txn: fetch_in(txn, self._dbs, collection, query, plan=plan, budget=budget)
+            return lambda txn: fetch_in(
+                txn, self._dbs, collection, query, plan=plan, budget=budget, after=after
+            )
 
         try:
             return self._read(run(LARGE_READ))

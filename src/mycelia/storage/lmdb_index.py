@@ -132,15 +132,22 @@ def fetch_in(
     *,
     plan: IndexPlan | None,
     budget: int | None,
+    after: bytes | None = None,
 ) -> list[StoredState]:
     """The states of ``collection`` matching the bound ``query``, in its order, at most its
-    limit (see the module docstring); ``plan`` from ``plan_query(query)``."""
+    limit (see the module docstring); ``plan`` from ``plan_query(query)``; with ``after``,
+    among the ids after it only."""
     if plan is not None and plan.ordered:
-        return _walk_in_order(txn, dbs, collection, query, plan=plan, budget=budget)
-    if plan is None:
-        candidates = _collection_ids(txn, dbs[b"by_collection"], collection)
+        return _walk_in_order(txn, dbs, collection, query, plan=plan, budget=budget, after=after)
+    candidates: Iterable[bytes]
+    if plan is None:  # ids ascending: a query without ORDER BY stops at its limit
+        candidates = _collection_ids(txn, dbs[b"by_collection"], collection, after)
+        wanted = query.limit if not query.order_by and isinstance(query.limit, int) else -1
     else:
         candidates = _plan_ids(txn, dbs, collection, plan, budget)
+        if after is not None:
+            candidates = (entity_id for entity_id in candidates if entity_id > after)
+        wanted = -1
     states, matches = dbs[b"states"], compile_predicate(query.predicate)
     kept: dict[EntityId, StoredState] = {}
     for entity_id in _bounded(candidates, budget):
@@ -152,6 +159,8 @@ def fetch_in(
         values = stored_values(value)
         if matches(values):  # each row decoded whole as it is read: no copy of them all
             kept[EntityId._trusted(entity_id)] = StoredState(stored_state(value), values)
+            if len(kept) == wanted:
+                break
     rows = [(entity_id, stored.values) for entity_id, stored in kept.items()]
     return [kept[i] for i, _ in sort_rows(rows, replace(query, predicate=MATCH_ALL.predicate))]
 
@@ -164,12 +173,16 @@ def _walk_in_order(
     *,
     plan: IndexPlan,
     budget: int | None,
+    after: bytes | None,
 ) -> list[StoredState]:
-    """Walk an ordered plan's ranges in the query's order, stopping at the limit."""
+    """Walk an ordered plan's ranges in the query's order (ids after ``after`` only),
+    stopping at the limit."""
     limit = query.limit
     assert not isinstance(limit, Placeholder)  # the caller checked the query is bound
     states = dbs[b"states"]
     walk = _plan_ids(txn, dbs, collection, plan, budget)
+    if after is not None:
+        walk = (entity_id for entity_id in walk if entity_id > after)
     found: list[StoredState] = []
     for entity_id in _bounded(walk, budget):
         value = txn.get(entity_id, db=states)
@@ -190,14 +203,19 @@ def _bounded(ids: Iterable[bytes], budget: int | None) -> Iterator[bytes]:
         yield entity_id
 
 
-def _collection_ids(txn: Txn, db: lmdb._Database, collection: str) -> Iterator[bytes]:
+def _collection_ids(
+    txn: Txn, db: lmdb._Database, collection: str, after: bytes | None = None
+) -> Iterator[bytes]:
+    """The collection's ids ascending (those after ``after`` only)."""
     prefix = collection.encode() + b"\0"
     cursor = txn.cursor(db=db)
-    if cursor.set_range(prefix):
+    if cursor.set_range(prefix if after is None else prefix + after):
         for key in cursor.iternext(keys=True, values=False):
             if not key.startswith(prefix):
                 return
-            yield key[len(prefix) :]
+            entity_id = key[len(prefix) :]
+            if entity_id != after:
+                yield entity_id
 
 
 def _plan_ids(

@@ -118,12 +118,16 @@ class MemoryStorage:
         self._check_open()
         return list(self._by_collection.get(collection, {}).values())
 
-    async def fetch(self, collection: str, query: Query) -> list[StoredState]:
-        """The states of ``collection`` matching the bound ``query``: the reference executor
-        (``sort_rows``) over :meth:`scan`; raises InvalidArgument for placeholders."""
+    async def fetch(
+        self, collection: str, query: Query, *, after: EntityId | None = None
+    ) -> list[StoredState]:
+        """The states of ``collection`` matching the bound ``query`` (among ids after
+        ``after``): the reference executor (``sort_rows``) over :meth:`scan`; raises
+        InvalidArgument for placeholders."""
         self._check_open()
         states = self._by_collection.get(collection, {})
-        ordered = sort_rows(((i, s.values) for i, s in states.items()), query)
+        rows = ((i, s.values) for i, s in states.items() if after is None or i > after)
+        ordered = sort_rows(rows, query)
         return [states[entity_id] for entity_id, _ in ordered]
 
     async def write(self, batch: WriteBatch) -> WriteResult:

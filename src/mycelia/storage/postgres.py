@@ -106,6 +106,7 @@ from mycelia.storage.postgres_sql import (
     long_rows,
     matching,
     merge_rows,
+    rows_after,
     sorted_states,
 )
 from mycelia.storage.postgres_write import events_query
@@ -268,10 +269,13 @@ class PostgresStorage:
         rows = await self._fetch("scan", (collection,))
         return [StoredState(decode_state(st), decode_values(raw)) for st, raw in rows]
 
-    async def fetch(self, collection: str, query: Query) -> list[StoredState]:
+    async def fetch(
+        self, collection: str, query: Query, *, after: EntityId | None = None
+    ) -> list[StoredState]:
         """The states of ``collection`` matching the bound ``query``, in its order, at most
-        its limit: exactly ``sort_rows`` over :meth:`scan`, with an indexable conjunct's
-        range pushed down to ``field_keys`` (see the module docstring).
+        its limit: exactly ``sort_rows`` over :meth:`scan` (over the ids after ``after``),
+        with an indexable conjunct's range pushed down to ``field_keys`` (see the module
+        docstring).
 
         Raises InvalidArgument if the query has placeholders.
         """
@@ -286,27 +290,37 @@ class PostgresStorage:
             span, keys = "points", ([r.low for r in plan.ranges],)
         elif plan is not None and len(plan.ranges) == 1:
             span, keys = "range", (plan.ranges[0].low, plan.ranges[0].high)
-        else:  # nothing indexable (or a shape no statement takes): read the collection
-            return sorted_states(await self._fetch("rows", (collection,)), query)
+        elif query.order_by or query.limit is None:  # nothing indexable: read the collection
+            if after is None:
+                return sorted_states(await self._fetch("rows", (collection,)), query)
+            return sorted_states(await self._fetch("rows_after", (collection, after)), query)
+        else:  # in id order up to the limit: walk the collection's ids
+            return await self._walk("rows_after", (collection, after or b""), query, None)
         head = (collection, plan.field.encode("utf-8", "surrogatepass"))
-        long = long_rows(await self._fetch("long_", head), plan)
+        long = rows_after(long_rows(await self._fetch("long_", head), plan), after)
         if not plan.ordered or query.limit is None:
-            return sorted_states([*await self._fetch(f"{span}_", (*head, *keys)), *long], query)
+            rows = rows_after(await self._fetch(f"{span}_", (*head, *keys)), after)
+            return sorted_states([*rows, *long], query)
         order = "desc" if plan.descending else "asc"
-        return await self._walk(f"{span}_{order}", (*head, *keys), query, (plan, deque(long)))
+        return await self._walk(
+            f"{span}_{order}", (*head, *keys), query, (plan, deque(long)), after=after
+        )
 
     async def _walk(
         self,
         name: str,
         params: Sequence[Any],
         query: Query,
-        merge: tuple[IndexPlan, deque[tuple[Any, ...]]],
+        merge: tuple[IndexPlan, deque[tuple[Any, ...]]] | None,
+        *,
+        after: bytes | None = None,
     ) -> list[StoredState]:
         """Read candidates in the query's order through a server-side cursor, in growing
-        chunks, merged with the plan's long rows, until ``query.limit`` of them match."""
+        chunks (those after ``after`` only), merged with the plan's long rows, until
+        ``query.limit`` of them match."""
         limit = query.limit
         assert isinstance(limit, int)
-        plan, pending = merge
+        pending: deque[tuple[Any, ...]] = deque() if merge is None else merge[1]
         pool = await self._ready()
         found: list[StoredState] = []
         try:
@@ -318,7 +332,8 @@ class PostgresStorage:
                 await cursor.execute(self._q[name], params)
                 size = max(2 * limit, 16)
                 while len(found) < limit and (rows := await cursor.fetchmany(size)):
-                    ordered = merge_rows(rows, pending, plan)
+                    chunk = rows_after(rows, after)
+                    ordered = chunk if merge is None else merge_rows(chunk, pending, merge[0])
                     found.extend(matching(ordered, query, limit - len(found)))
                     size = min(4 * size, 4096)
         except (psycopg.Error, PoolTimeout) as exc:

@@ -21,8 +21,8 @@ import base64
 import json
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 from mycelia.entity import stored_merge
 from mycelia.errors import DecodeError, StorageCorrupt, StorageError
@@ -213,6 +213,8 @@ _STATEMENTS: Final = {
         ORDER BY entity_id""",
     "rows": """SELECT entity_id, NULL::bytea, state, values_raw FROM {s}.states
         WHERE collection = %s""",
+    "rows_after": """SELECT entity_id, NULL::bytea, state, values_raw FROM {s}.states
+        WHERE collection = %s AND entity_id > %s ORDER BY entity_id""",
     "feed": """SELECT "offset", entity_id, collection, head FROM {s}.feed
         WHERE "offset" > %s ORDER BY "offset" LIMIT %s""",
     # The batch's rows, then each event their heads name once (rows of one entity in a
@@ -272,6 +274,8 @@ MAX_INDEXED_KEY: Final = 1024
 """Longest value key stored in ``field_keys.key`` (a btree entry must fit a third of a
 page); longer ones are stored as NULL — a *long* entry, read and merged in by ``fetch``."""
 
+_Row = TypeVar("_Row", bound=Sequence[Any])
+
 
 def jsonable(value: object) -> object:
     """The JSONB projection of a value (see :mod:`mycelia.storage.postgres`)."""
@@ -329,6 +333,11 @@ def merge_rows(
             merged.append(pending.popleft())
         merged.append(row)
     return merged
+
+
+def rows_after(rows: Iterable[_Row], after: bytes | None) -> list[_Row]:
+    """The (entity id, ...) rows whose id sorts after ``after`` (all of them without it)."""
+    return list(rows) if after is None else [row for row in rows if bytes(row[0]) > after]
 
 
 def sorted_states(rows: Sequence[Sequence[Any]], query: Query) -> list[StoredState]:

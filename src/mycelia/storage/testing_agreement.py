@@ -53,6 +53,7 @@ _VALUES = st.dictionaries(
     max_size=3,
 )
 _COLLECTIONS = st.sampled_from(["items", "others"])
+_AFTER = st.binary(min_size=32, max_size=32).map(EntityId)  # ids are hashes: any split
 
 
 class EngineAgreement(RuleBasedStateMachine):
@@ -128,10 +129,10 @@ class EngineAgreement(RuleBasedStateMachine):
         bad = state_of([g], {"x": object()})
         self.write_all(WriteBatch((g,), (state_of([g]), bad), (("k1", b"lost"),)))
 
-    @rule(collection=_COLLECTIONS, query=fetch_queries())
-    def fetch(self, collection: str, query: Query) -> None:
+    @rule(collection=_COLLECTIONS, query=fetch_queries(), after=st.none() | _AFTER)
+    def fetch(self, collection: str, query: Query, after: EntityId | None) -> None:
         found = [
-            self.run(fetch_matches_scan(engine, collection, query, name=spec.name))
+            self.run(fetch_matches_scan(engine, collection, query, name=spec.name, after=after))
             for spec, engine in zip(self.specs, self.engines, strict=True)
         ]
         assert all(f == found[0] for f in found), f"fetch({query}) differs: {found}"

@@ -14,6 +14,7 @@ random queries for the differential machine.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 
 from hypothesis import strategies as st
 
@@ -36,7 +37,14 @@ from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage.engine import StorageEngine, encode_values
 from mycelia.storage.testing_data import genesis, state_of
 
-__all__ = ["FETCH_QUERIES", "FETCH_ROWS", "check_fetch_on", "fetch_matches_scan", "fetch_queries"]
+__all__ = [
+    "FETCH_QUERIES",
+    "FETCH_ROWS",
+    "check_fetch_on",
+    "fetch_matches_scan",
+    "fetch_pages",
+    "fetch_queries",
+]
 
 _LONG = "l" * 600
 _LONGER = "l" * 1500
@@ -130,18 +138,42 @@ FETCH_QUERIES: tuple[str, ...] = (
 
 
 async def fetch_matches_scan(
-    engine: StorageEngine, collection: str, query: Query, *, name: str = "engine"
+    engine: StorageEngine,
+    collection: str,
+    query: Query,
+    *,
+    name: str = "engine",
+    after: EntityId | None = None,
 ) -> list[EntityId]:
-    """Assert ``fetch`` equals ``sort_rows`` over ``scan``; returns the ids fetched."""
-    fetched = await engine.fetch(collection, query)
+    """Assert ``fetch`` (with ``after``) equals ``sort_rows`` over ``scan`` (the rows whose
+    id sorts after ``after``); returns the ids fetched."""
+    fetched = await engine.fetch(collection, query, after=after)
     scanned = {s.state.entity_id: s for s in await engine.scan(collection)}
-    expected = sort_rows(((i, s.values) for i, s in scanned.items()), query)
+    rows = ((i, s.values) for i, s in scanned.items() if after is None or i > after)
+    expected = sort_rows(rows, query)
     got = [s.state.entity_id for s in fetched]
     wanted = [entity_id for entity_id, _ in expected]
-    assert got == wanted, f"{name}: fetch({query}) gave {_short(got)}, expected {_short(wanted)}"
+    assert got == wanted, (
+        f"{name}: fetch({query}, after={after!r}) gave {_short(got)}, expected {_short(wanted)}"
+    )
     for stored in fetched:
         assert _same(stored, scanned[stored.state.entity_id]), f"{name}: fetch changed a row"
     return got
+
+
+async def fetch_pages(
+    engine: StorageEngine, collection: str, query: Query, *, size: int
+) -> list[EntityId]:
+    """The ids of ``query`` (no ORDER BY, no LIMIT) read ``size`` at a time by keyset
+    paging, as a server streams an answer: each page's last id is the next ``after``."""
+    ids: list[EntityId] = []
+    while True:
+        page = await engine.fetch(
+            collection, replace(query, limit=size), after=ids[-1] if ids else None
+        )
+        ids.extend(s.state.entity_id for s in page)
+        if len(page) < size:
+            return ids
 
 
 async def check_fetch_on(
@@ -174,6 +206,7 @@ async def check_fetch_on(
 async def _run_queries(
     engine: StorageEngine, name: str, model: dict[EntityId, Mapping[str, object]]
 ) -> None:
+    middle = sorted(model)[len(model) // 2]
     for text in FETCH_QUERIES:
         query = parse(text)
         live = Query(_and(query.predicate, IsNull(("_deleted",))), query.order_by, query.limit)
@@ -181,6 +214,10 @@ async def _run_queries(
             got = await fetch_matches_scan(engine, "items", each, name=name)
             wanted = [i for i, _ in sort_rows(model.items(), each)]
             assert got == wanted, f"{name}: fetch({each}) does not match what was written"
+            await fetch_matches_scan(engine, "items", each, name=name, after=middle)
+            if not each.order_by and each.limit is None:
+                paged = await fetch_pages(engine, "items", each, size=2)
+                assert paged == got, f"{name}: fetch({each}) read in pages differs"
 
 
 def _and(left: Predicate, right: Predicate) -> Predicate:
