@@ -1,9 +1,11 @@
-"""A query's answer reads its rows from storage about a page at a time, as it sends them:
-the responder ranks the result, keeps about a page of its rows, lets the rest go, and
-reads them again a batch at a time before it pages them. So a crowd of fresh subscribers
-to a large collection holds about one page each on the server, not the whole result each;
-and a row changed between the ranking and its read is sent only if it still belongs to the
-result."""
+"""A query's answer reads its rows from storage about a page at a time, as it sends them.
+
+A light query without LIMIT is read in id order a page at a time (keyset paging): its
+first page is on the wire before the rest is read. A LIMIT query is ranked first: the
+responder keeps about a page of its rows, lets the rest go, and reads them again a batch
+at a time before it pages them. So a crowd of fresh subscribers to a large collection
+holds about one page each on the server, not the whole result each; and a row changed
+while the answer is read is sent only if it still belongs to the result."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import mycelia
 from mycelia import Model, Node
 from mycelia.node.served import READ_BYTES
 from mycelia.proto import EntityId, EntityState
+from mycelia.proto.query import Query
+from mycelia.retrieval import StoredState
 from mycelia.storage import MemoryStorage
 from tests.node.waiting import until
 
@@ -26,23 +30,41 @@ class Blob(Model, collection="blobs"):
 
 
 class Recording(MemoryStorage):
-    """MemoryStorage that notes each ``get_states`` read (rows, bytes), and can run a step
-    before the read numbered ``before``."""
+    """MemoryStorage that notes each ``get_states`` read (rows, bytes) and each page
+    ``fetch`` reads (after, rows, bytes), and can run a step before the read numbered
+    ``before`` (of ``get_states``, or of ``fetch`` pages when ``on_pages``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reads: list[tuple[int, int]] = []
+        self.pages: list[tuple[EntityId | None, int, int]] = []
         self.step: Callable[[], Awaitable[None]] | None = None
         self.before = 0
+        self.on_pages = False
         self.ran = False
 
-    async def get_states(self, ids: Collection[EntityId]) -> dict[EntityId, EntityState]:
-        if self.step is not None and len(self.reads) == self.before:
+    async def _maybe_step(self, done: int) -> None:
+        if self.step is not None and done == self.before:
             step, self.step = self.step, None
             await step()
             self.ran = True
+
+    async def get_states(self, ids: Collection[EntityId]) -> dict[EntityId, EntityState]:
+        if not self.on_pages:
+            await self._maybe_step(len(self.reads))
         found = await super().get_states(ids)
         self.reads.append((len(found), sum(s.wire_size() for s in found.values())))
+        return found
+
+    async def fetch(
+        self, collection: str, query: Query, *, after: EntityId | None = None
+    ) -> list[StoredState]:
+        paged = query.limit is not None and collection == Blob.__collection__
+        if paged and self.on_pages:
+            await self._maybe_step(len(self.pages))
+        found = await super().fetch(collection, query, after=after)
+        if paged:
+            self.pages.append((after, len(found), sum(s.state.wire_size() for s in found)))
         return found
 
 
@@ -56,25 +78,81 @@ async def serve_blobs(count: int, size: int) -> tuple[Node, Recording, list[Enti
 
 
 async def test_a_large_answer_is_read_a_page_at_a_time() -> None:
-    """120 entities of 32 KiB (3.8 MB) reach a fresh subscriber whole: the answer keeps
-    about READ_BYTES of the rows it ranked, and reads the rest again from storage in
-    batches that grow from 16 rows to about READ_BYTES and never hold much more."""
+    """120 entities of 32 KiB (3.8 MB) reach a fresh subscriber whole: the answer reads
+    them in id order, in pages that grow from 16 rows to about READ_BYTES and never hold
+    much more, each from the last id of the one before; and the client holds rows of the
+    first page before the server reads the second (it waits for them there)."""
     node, storage, ids = await serve_blobs(120, 32 * KIB)
     server = await mycelia.serve(node, host="127.0.0.1", port=0)
-    client = await Node.open(MemoryStorage(), durable=False, progress=False)
+    held = MemoryStorage()
+    client = await Node.open(held, durable=False, progress=False)
+
+    async def first_page_arrived() -> None:
+        async def holds_any() -> bool:
+            return any([await held.get_state(entity_id) for entity_id in ids])
+
+        await until(client, holds_any)
+
     try:
         await mycelia.connect(client, server.url)
         await client.wait_ready(timeout=10)
         storage.reads.clear()
+        storage.step, storage.before, storage.on_pages = first_page_arrived, 1, True
         async with client.context().query(Blob, "") as live:
             assert sorted(v.id for v in live.items) == sorted(ids)
             assert all(len(v.data) == 32 * KIB for v in live.items)
-        rows = [n for n, _ in storage.reads]
-        kept = 120 - sum(rows)
-        assert 0 < kept <= READ_BYTES // (32 * KIB)
-        assert rows[0] == 16
-        assert len(rows) >= 4
-        assert max(size for _, size in storage.reads) <= 2 * READ_BYTES
+        assert storage.ran, "the second page was read after the client held the first"
+        assert storage.reads == [], "nothing was ranked and read again"
+        ordered = sorted(ids)
+        afters = [after for after, _, _ in storage.pages]
+        counts = [n for _, n, _ in storage.pages]
+        assert sum(counts) == 120
+        assert counts[0] == 16
+        assert len(counts) >= 4
+        assert afters == [None, *(ordered[sum(counts[:i]) - 1] for i in range(1, len(counts)))]
+        assert max(size for _, _, size in storage.pages) <= 2 * READ_BYTES
+    finally:
+        await client.close()
+        await server.close()
+        await node.close()
+
+
+async def test_a_change_between_pages_reaches_the_subscriber() -> None:
+    """Between the answer's first and second page, the server edits a row of a later page,
+    moves one out of the query, deletes one, edits a row the first page already sent and
+    creates a new one: the query then holds exactly the matches, with every new value,
+    and the rows that left it never reach the client."""
+    node, storage, ids = await serve_blobs(60, 16 * KIB)
+    server = await mycelia.serve(node, host="127.0.0.1", port=0)
+    held = MemoryStorage()
+    client = await Node.open(held, durable=False, progress=False)
+    ordered = sorted(ids)  # the first page holds the first 16 of them
+    sent, edited, moved, deleted = ordered[3], ordered[20], ordered[30], ordered[59]
+    created: list[EntityId] = []
+
+    async def change() -> None:
+        async with node.context().transaction() as trx:
+            (await trx.edit(Blob, sent)).data = b"again"
+            (await trx.edit(Blob, edited)).data = b"new"
+            (await trx.edit(Blob, moved)).keep = False
+            await trx.delete(Blob, deleted)
+            created.append(trx.create(Blob, data=b"born").id)
+
+    try:
+        await mycelia.connect(client, server.url)
+        await client.wait_ready(timeout=10)
+        storage.step, storage.before, storage.on_pages = change, 1, True
+        async with client.context().query(Blob, "keep = true") as live:
+            assert storage.ran, "the change ran between the first and the second page"
+
+            async def exact() -> bool:
+                shown = {v.id: v.data for v in live.items}
+                wanted = set(ids) - {moved, deleted} | set(created)
+                return set(shown) == wanted and (shown[sent], shown[edited]) == (b"again", b"new")
+
+            await until(client, exact)
+        assert await held.get_state(moved) is None
+        assert await held.get_state(deleted) is None
     finally:
         await client.close()
         await server.close()
@@ -82,10 +160,10 @@ async def test_a_large_answer_is_read_a_page_at_a_time() -> None:
 
 
 async def test_a_row_changed_after_the_ranking_is_sent_only_if_it_still_belongs() -> None:
-    """Between the ranking and the first read, the server edits one later row (still a
-    match), moves one out of the query and deletes one: the answer sends the edited row's
-    new value and neither of the others (the client never holds them), and the query then
-    holds exactly the matches."""
+    """A LIMIT query is ranked first. Between the ranking and the first read, the server
+    edits one later row (still a match), moves one out of the query and deletes one: the
+    answer sends the edited row's new value and neither of the others (the client never
+    holds them), and the query then holds exactly the matches."""
     node, storage, ids = await serve_blobs(40, 64 * KIB)
     server = await mycelia.serve(node, host="127.0.0.1", port=0)
     held = MemoryStorage()
@@ -104,7 +182,7 @@ async def test_a_row_changed_after_the_ranking_is_sent_only_if_it_still_belongs(
         await client.wait_ready(timeout=10)
         storage.reads.clear()
         storage.step, storage.before = change, 0
-        async with client.context().query(Blob, "keep = true") as live:
+        async with client.context().query(Blob, "keep = true LIMIT 100") as live:
             assert storage.ran, "the change ran before the answer read its rows again"
             assert {v.id: v.data for v in live.items}[edited] == b"new"
 

@@ -348,9 +348,9 @@ def count_fetches(node: Node) -> list[int]:
     assert isinstance(storage, MemoryStorage)
     fetch = storage.fetch  # how a query reads the store
 
-    async def counted(collection: str, query: Any) -> Any:
+    async def counted(collection: str, query: Any, *, after: Any = None) -> Any:
         queried[0] += 1
-        return await fetch(collection, query)
+        return await fetch(collection, query, after=after)
 
     storage.fetch = counted  # type: ignore[method-assign]
     return queried

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from mycelia import Model, Node
-from mycelia.node import deltas, served
 from tests.node.waiting import until
 
 
@@ -18,25 +17,28 @@ class Lamp(Model, collection="lamps"):
     lit: bool = False
 
 
+@pytest.mark.parametrize("query", ["", "LIMIT 10"], ids=["streamed", "ranked"])
 async def test_a_commit_made_while_the_answer_is_built_is_pushed_after_it(
-    in_process: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
+    in_process: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch, query: str
 ) -> None:
+    """Both kinds of answer: read a page at a time (no LIMIT), or ranked first."""
     server_node, client = in_process
     async with server_node.context().transaction() as trx:
         lamp = trx.create(Lamp).id
-    served_rows = deltas.served_rows
+    storage = server_node.storage
+    fetch = storage.fetch
     committed: list[bool] = []
 
     async def rows_then_a_commit(*args: Any, **kwargs: Any) -> Any:
-        rows = await served_rows(*args, **kwargs)
+        rows = await fetch(*args, **kwargs)
         if not committed:  # the rows are read: now a commit lands before the query stands
             committed.append(True)
             async with server_node.context().transaction() as trx:
                 (await trx.edit(Lamp, lamp)).lit = True
         return rows
 
-    monkeypatch.setattr(served, "served_rows", rows_then_a_commit)
-    live = await client.context().query(Lamp, "").__aenter__()
+    monkeypatch.setattr(storage, "fetch", rows_then_a_commit)
+    live = await client.context().query(Lamp, query).__aenter__()
     try:
 
         async def lit() -> bool:

@@ -12,11 +12,14 @@ Invariants:
   a member's delta is noted there before it is returned, and a non-member is dropped from
   it. An update sends a change's own events when the peer holds the head before it and
   they are small; otherwise a snapshot or a bridge.
-- An answer holds about :data:`READ_BYTES` of its result's rows, and only the ids and
-  heads of the rest: it reads those again from storage a batch of about ``READ_BYTES``
-  at a time as it yields them. A row changed since it was ranked is sent only if it
-  still belongs to the result (the change itself is fed to the subscription once the
-  answer is built).
+- An answer holds about :data:`READ_BYTES` of its result's rows. A light query without
+  LIMIT is read a page at a time in id order (keyset paging: the peer orders its result
+  itself), so its first page is sent before the rest is read. Any other query is ranked
+  first, keeping its first rows whole and only the ids and heads of the rest: it reads
+  those again from storage a batch of about ``READ_BYTES`` at a time as it yields them;
+  a row changed since it was ranked is sent only if it still belongs to the result. A
+  change committed after its row was read is fed to the subscription once the answer is
+  built.
 - Every row sent passes the policy's ``can_read`` for the standing's credentials. An
   entity the peer may not read gets the same delta as one that does not exist:
   ``matches=False``, with no data.
@@ -31,11 +34,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
 from mycelia.entity import Entity, EntityChange, Snapshot
-from mycelia.node.deltas import HEAVY_AT_ONCE, delta_for, served_rows
+from mycelia.node.deltas import (
+    HEAVY_AT_ONCE,
+    LIGHT_TERMS,
+    check_cost,
+    delta_for,
+    live_only,
+    served_rows,
+)
 from mycelia.node.policy import Credentials, PolicyAgent
 from mycelia.node.pushes import events_size
 from mycelia.node.ranks import Ranks
@@ -44,6 +54,7 @@ from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.peering import Delta, KnownEntity
 from mycelia.proto.query import Query, evaluate, order_key
 from mycelia.proto.query.compile import Compiled, compile_predicate
+from mycelia.proto.query.syntax import cost
 from mycelia.storage import StorageEngine
 
 __all__ = ["PAGE_LIMIT", "Loader", "ServedQueries", "ServedQuery"]
@@ -104,7 +115,11 @@ class ServedQueries:
         credentials, collection, query = standing.credentials, standing.collection, standing.query
         members = standing.sent
         known_heads = {k.entity_id: k.head for k in known}
-        async for state in self._read(standing, await self._rank(standing, lane)):
+        if standing.query.limit is None and cost(query.predicate) <= LIGHT_TERMS:
+            rows = self._stream(standing)
+        else:
+            rows = self._read(standing, await self._rank(standing, lane))
+        async for state in rows:
             held = known_heads.pop(state.entity_id, None)
             delta = await delta_for(self._storage, state, held)
             if delta is not None:
@@ -213,6 +228,32 @@ class ServedQueries:
                 limit, [(s.state.entity_id, order_key(s.values, order_by)) for s in rows]
             )
         return ranked
+
+    async def _stream(self, standing: ServedQuery) -> AsyncIterator[EntityState]:
+        """The result of a light query without LIMIT, read from storage a page at a time in
+        id order (keyset paging, ``fetch(..., after=...)``): the first page is on the wire
+        before the rest is read, and an answer holds about one page however large its
+        result is. The first page takes :data:`_FIRST_READ` rows, each next one about
+        twice as many, up to about :data:`READ_BYTES`. Rows the peer may not read are
+        skipped; a row committed to after its page was read reaches the subscription
+        after the answer (see :mod:`mycelia.node.serving`)."""
+        collection, credentials = standing.collection, standing.credentials
+        check_cost(standing.query)
+        query, can_read = replace(live_only(standing.query), order_by=()), self._policy.can_read
+        after, count = None, _FIRST_READ
+        while True:
+            page = await self._storage.fetch(collection, replace(query, limit=count), after=after)
+            size = 0
+            for row in page:
+                state = row.state
+                size += state.wire_size(estimate=True)
+                if can_read(credentials, _snapshot(state, row.values)):
+                    yield state
+            if len(page) < count:
+                return
+            after = page[-1].state.entity_id
+            del page
+            count = max(1, min(2 * count, count * READ_BYTES // max(size, 1)))
 
     async def _read(self, standing: ServedQuery, ranked: _Ranked) -> AsyncIterator[EntityState]:
         """The states of the ``ranked`` result: its first rows as ranked, then the rest read

@@ -24,6 +24,9 @@ Invariants:
   superset of the matching rows (see :mod:`mycelia.storage.plan`), the whole predicate is
   evaluated on each, and the order is either the index walk of an ordered plan or
   ``sort_rows`` itself.
+- With ``after`` it reads the ids after it only, and a query without ORDER BY stops at
+  its limit in id order (the collection's ids ascending; a plan's ids sorted first): a
+  page of a keyset-paged answer reads about its own rows, not the rest of the result.
 - With a ``budget`` it raises :class:`OverBudget` as soon as it would read more candidate
   rows than that, so the caller can redo the read off the event loop.
 """
@@ -148,6 +151,8 @@ def fetch_in(
         if after is not None:
             candidates = (entity_id for entity_id in candidates if entity_id > after)
         wanted = -1
+        if not query.order_by and isinstance(query.limit, int):  # a page: its first ids
+            candidates, wanted = sorted(set(_bounded(candidates, budget))), query.limit
     states, matches = dbs[b"states"], compile_predicate(query.predicate)
     kept: dict[EntityId, StoredState] = {}
     for entity_id in _bounded(candidates, budget):
