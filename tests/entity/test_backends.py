@@ -127,6 +127,40 @@ def test_a_causally_later_write_wins_even_with_a_smaller_id() -> None:
         assert backend.values() == {"p": 2}
 
 
+def _int16_generation(row: bytes, generation: int) -> bytes:
+    """``row`` packed with its generation as msgpack int16: valid, the same length as the
+    canonical uint16, other bytes."""
+    canonical = b"\xcd" + generation.to_bytes(2, "big")
+    assert row.count(canonical) == 1
+    return row.replace(canonical, b"\xd1" + generation.to_bytes(2, "big"))
+
+
+def test_a_state_read_back_is_canonical_however_it_was_encoded() -> None:
+    """A canonical buffer comes back as it was; rows out of order, and a generation in a
+    same-length non-canonical int form, come back canonical (replicas store the same
+    bytes); a change after the read is in the buffer, and not in the copy it forked."""
+    rows = [["a", encode_value(1), 300, bytes(32)], ["b", encode_value("x"), 7, b"\x01" * 32]]
+    canonical = pack([1, rows])
+    assert LwwBackend.from_state(canonical).to_state() == canonical
+    shuffled = pack([1, rows[::-1]])
+    assert LwwBackend.from_state(shuffled).to_state() == canonical
+    wide = _int16_generation(canonical, 300)
+    assert len(wide) == len(canonical)
+    assert LwwBackend.from_state(wide).values() == {"a": 1, "b": "x"}
+    assert LwwBackend.from_state(wide).to_state() == canonical
+    backend = LwwBackend.from_state(canonical)
+    assert backend.to_state() == canonical
+    fork = backend.fork()
+    (event,) = history(DagShape(((),)), lambda _: {"lww": [encode_diff({"a": encode_value(2)})]})
+    fork.apply(AdmittedEvent(event.event, 400), event.event.diffs("lww"))
+    expected = pack([1, [["a", encode_value(2), 400, bytes(event.id)], rows[1]]])
+    assert fork.to_state() == expected
+    assert backend.to_state() == canonical  # the fork's change is its own
+    merged = LwwBackend.from_state(canonical)
+    merged.merge(LwwBackend.from_state(expected))
+    assert merged.to_state() == expected
+
+
 @pytest.mark.parametrize(
     "buffer",
     [b"", b"\x00", b"\x92\x02\x90", b"\x92\x01\x91\x94\xa1p\xc4\x00\x00\xc4\x01\x00"],
