@@ -4,13 +4,14 @@ behind a node's back — faults injected at the edge)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
 
 from mycelia import Model, Node
 from mycelia.proto import AdmittedEvent, EntityState, EventId, State
-from mycelia.retrieval import StoredState, WriteBatch
+from mycelia.retrieval import StoredState, WriteBatch, WriteResult
 from mycelia.storage import MemoryStorage
 from mycelia.testing import (
     DanglingReference,
@@ -152,6 +153,44 @@ async def test_memory_that_runs_ahead_of_storage_is_reported() -> None:
     await a.storage.write(WriteBatch(states=(before,)))  # storage loses the edit's state
     with pytest.raises(MemoryAhead, match="node a"):
         await check_convergence({"a": a})
+
+
+class _GatedStorage(MemoryStorage):
+    """MemoryStorage whose writes wait at ``gate`` once one is set (``waiting``: one does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+        self.waiting = asyncio.Event()
+
+    async def write(self, batch: WriteBatch) -> WriteResult:
+        if self.gate is not None:
+            self.waiting.set()
+            await self.gate.wait()
+        return await super().write(batch)
+
+
+async def test_an_entity_changed_by_a_run_not_yet_written_is_not_ahead() -> None:
+    """A run puts its entities in memory before its one write: until the write (or the
+    eviction of a failed run) memory leads storage, so a check made then (the simulator's
+    checker awaits storage, and other tasks run meanwhile) does not count it. Before, a
+    subscription answer being applied on a client tripped MemoryAhead at random."""
+    (a,) = await _nodes(1)
+    gated = _GatedStorage()
+    b = await Node.open(gated, durable=True)
+    await b.join_system(await a.system_events())
+    async with a.context().transaction() as trx:
+        note = trx.create(Note, title="x", rank=1)
+    gated.gate = asyncio.Event()
+    ingest = asyncio.create_task(b.ingest(await a.storage.events_of(note.id)))
+    async with asyncio.timeout(10):
+        await gated.waiting.wait()  # the run holds the note in memory, not yet in storage
+    assert b.resident_state(note.id) is None
+    await check_convergence({"a": a, "b": b})
+    gated.gate.set()
+    await ingest
+    assert b.resident_state(note.id) == (await _stored(b, note.id)).state
+    await check_convergence({"a": a, "b": b})
 
 
 async def test_an_entity_of_another_system_is_foreign() -> None:

@@ -78,6 +78,10 @@ class EntityLocks:
         """Entities whose lock is held now."""
         return len(self._held)
 
+    def __contains__(self, entity_id: object) -> bool:
+        """Whether ``entity_id``'s lock is held now (a run is changing the entity)."""
+        return entity_id in self._held
+
 
 class _Held:
     __slots__ = ("_entity_id", "_locks")

@@ -192,8 +192,12 @@ class Node(Wiring):
         )
 
     def resident_state(self, entity_id: EntityId) -> EntityState | None:
-        """The entity's state as held in memory now (``None`` if it is not resident): for
-        invariant checkers, which compare it with storage (memory is never ahead)."""
+        """The entity's state as held in memory now (``None`` if it is not resident, or a
+        run is changing it): for invariant checkers, which compare it with storage. Memory
+        is never ahead of storage once a run is over; during one it leads until the run's
+        write (a failed run evicts the entity), so such an entity is not shown."""
+        if entity_id in self._applier.locks:
+            return None
         entity = self._residents.get(entity_id)
         return None if entity is None or not entity.exists else entity.to_state()
 
