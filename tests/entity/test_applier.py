@@ -7,7 +7,7 @@ test is built directly, as the node's composition root builds it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -25,8 +25,8 @@ from mycelia.entity import placement as placement_module
 from mycelia.entity.values import encode_value
 from mycelia.errors import CommitReverted, DecodeError, EventNotFound, PolicyDenied
 from mycelia.event_dag import missing
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
-from mycelia.proto.codec import pack
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId, State
+from mycelia.proto.codec import pack, unpack
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import MemoryStorage
 from mycelia.storage.testing import engine_content
@@ -397,3 +397,52 @@ async def test_forgetting_an_entity_in_a_write_drops_it_whole() -> None:
     await store.write(WriteBatch(forget=(note,)))
     assert await store.get_state(note) is None
     assert await store.events_of(note) == []
+
+
+def _shuffled(state: EntityState) -> EntityState:
+    """``state`` with its LWW rows in reverse order: valid, not canonical."""
+    ((name, buffer),) = state.state.buffers
+    version, rows = cast(list[Any], unpack(buffer))
+    wire = pack([version, rows[::-1]])
+    return EntityState(
+        state.entity_id,
+        state.collection,
+        State(state.state.head, state.state.generations, ((name, wire),)),
+    )
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["cache", "durable"])
+async def test_an_adopted_snapshot_is_stored_as_sent_only_by_a_cache(durable: bool) -> None:
+    """A cache trusts its durable peer's states, so it stores one as sent, without encoding
+    it again (a fresh client adopts a thousand at once); a durable node stores the
+    canonical encoding of a state it did not have, whatever the sender's bytes were."""
+    a = await _server()
+    note = await _note(a, title="g", rank=3)
+    canonical = await a.storage.get_state(note)
+    assert canonical is not None
+    sent = _shuffled(canonical)
+    assert sent.state.buffers != canonical.state.buffers
+    applier, store = await _applier(a, durable=durable)
+    await applier.ingest_states([sent])
+    stored = await store.get_state(note)
+    assert stored == (canonical if durable else sent)
+    held = await applier.load(note)
+    assert held is not None
+    assert held.snapshot().values == {"title": "g", "rank": 3}
+
+
+async def test_a_state_read_as_canonical_is_given_back_until_the_entity_changes() -> None:
+    """``from_state(canonical=True)`` gives its state back from ``to_state`` without
+    encoding it; once a backend is handed out (an event, a merge, a caller's edit all
+    take one) it encodes again, and a fork never carries it."""
+    a = await _server()
+    note = await _note(a, title="g", rank=3)
+    canonical = await a.storage.get_state(note)
+    assert canonical is not None
+    sent = _shuffled(canonical)
+    entity = Entity.from_state(sent, canonical=True)
+    assert entity.to_state() is sent
+    assert entity.fork().to_state() == canonical
+    assert Entity.from_state(sent).to_state() == canonical
+    entity.lww()
+    assert entity.to_state() == canonical

@@ -129,7 +129,7 @@ class Applier:
         if entity is None:
             stored = await self._store.get_state(entity_id)
             if stored is not None:
-                entity = self._residents.put(Entity.from_state(stored))
+                entity = self._residents.put(Entity.from_state(stored, canonical=True))
         return entity
 
     def base(self, entity: Entity) -> ForkBase:

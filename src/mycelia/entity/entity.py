@@ -95,6 +95,7 @@ class Entity:
         "_gens",
         "_head",
         "_snapshot",
+        "_state",
         "_text_ids",
         "_top",
         "boundary",
@@ -117,6 +118,7 @@ class Entity:
         self._head = head
         self._backends = backends
         self._snapshot: Snapshot | None = None  # valid until the next change
+        self._state: EntityState | None = None  # to_state(), until the next change
         self._clock: Clock | None = None  # the head as a Clock (kept current once built)
         self._gens: tuple[int, ...] = ()  # the generations of the clock's ids, aligned
         self._top: int | None = None  # the head's largest generation (None: not computed)
@@ -133,19 +135,28 @@ class Entity:
         return cls(entity_id, collection, {}, {}, text_ids=text_ids)
 
     @classmethod
-    def from_state(cls, stored: EntityState, *, text_ids: ClientIds | None = None) -> Entity:
+    def from_state(
+        cls, stored: EntityState, *, text_ids: ClientIds | None = None, canonical: bool = False
+    ) -> Entity:
         """Materialise a stored state (its text draws from ``text_ids``; replica text
-        without); raises DecodeError on a malformed buffer."""
+        without); raises DecodeError on a malformed buffer. ``canonical``: ``stored`` is
+        known to be canonical (this node's own storage, or its durable peer's word), so
+        :meth:`to_state` gives it back until the entity changes, without encoding it."""
         state = stored.state
         backends = {name: _backend(name, text_ids, buffer) for name, buffer in state.lazy_buffers()}
         head = state.head_generations()
         entity = cls(stored.entity_id, stored.collection, head, backends, text_ids=text_ids)
         entity._clock, entity._gens = state.head, state.generations  # (aligned, sorted)
+        if canonical:
+            entity._state = stored
         return entity
 
     def to_state(self) -> EntityState:
         """The entity as a state snapshot (canonical buffers; text's computed when first
         read, ARCHITECTURE.md §5)."""
+        known = self._state
+        if known is not None:
+            return known
         backends = self._backends
         names = sorted(backends) if len(backends) > 1 else list(backends)
         buffers = tuple([(name, _buffer(backends[name])) for name in names])
@@ -191,7 +202,7 @@ class Entity:
         Returns the names of the properties whose values changed. Raises DecodeError for a
         malformed diff; the caller then discards this copy of the entity.
         """
-        self._snapshot = None
+        self._snapshot = self._state = None
         changed: set[str] = set()
         for name, diffs in event.event.operations:
             changed |= self.backend(name).apply(event, diffs)
@@ -203,7 +214,7 @@ class Entity:
         The head is not touched: the caller sets the merged head from a comparison.
         Raises DecodeError for a malformed buffer (the caller discards this copy).
         """
-        self._snapshot = None
+        self._snapshot = self._state = None
         changed: set[str] = set()
         for name, buffer in stored.state.buffers:
             theirs = _backend(name, None, buffer)  # only read: replica text
@@ -222,7 +233,7 @@ class Entity:
 
     def set_head(self, head: Mapping[EventId, int]) -> None:
         """Replace the head (the applier passes a comparison's ``merged_head``)."""
-        self._snapshot = None
+        self._snapshot = self._state = None
         self._clock = None
         self._top = None
         self._head = dict(head)
@@ -231,7 +242,7 @@ class Entity:
         """Move the head past ``applied`` (every event the head lacked, parents first):
         the tips they name as parents leave, the ones no other of them names join — what
         :func:`~mycelia.entity.verdicts.head_after` gives, in O(their parents)."""
-        self._snapshot = None
+        self._snapshot = self._state = None
         head = self._head
         if len(applied) == 1 and len(head) == 1:  # a linear history: one tip replaces one
             event = applied[0]
@@ -273,7 +284,7 @@ class Entity:
         if backend is None:
             backend = self._backends[name] = _backend(name, self._text_ids)
         # A caller may edit through the backend (drafts do): the snapshot cannot be trusted.
-        self._snapshot = None
+        self._snapshot = self._state = None
         return backend
 
     def lww(self) -> LwwBackend:
@@ -310,6 +321,7 @@ class Entity:
     def prepare_text(self, ids: ClientIds) -> None:
         """Create the (empty) text backend now, drawing its client id from ``ids``."""
         if TextBackend.name not in self._backends:
+            self._state = None
             self._backends[TextBackend.name] = TextBackend.empty(ids)
 
     def with_id(self, entity_id: EntityId) -> Entity:

@@ -39,8 +39,11 @@ __all__ = ["absent", "adopted", "drop_known_ancestors", "merged", "merged_head",
 
 
 def adopted(incoming: EntityState, *, cache: bool) -> Plan:
-    """The plan for a snapshot of an entity this node does not have (or has only empty)."""
-    fresh = Entity.from_state(incoming)
+    """The plan for a snapshot of an entity this node does not have (or has only empty).
+    A cache takes its durable peer's state as it came (it trusts that peer's states: an
+    honest one encodes them canonically), so it stores it without encoding it again; a
+    durable node encodes it canonically (it serves what it stores)."""
+    fresh = Entity.from_state(incoming, canonical=cache)
     if cache:
         fresh.mark_boundary(fresh.head_map)
     before = absent(incoming.entity_id, incoming.collection)
