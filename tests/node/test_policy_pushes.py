@@ -16,6 +16,7 @@ from mycelia.errors import CODES, PolicyDenied
 from mycelia.node import PermissiveAgent
 from mycelia.node.policy import Credentials
 from mycelia.proto.peering import (
+    DeltasPage,
     DeltasResponse,
     SubscribeRequest,
     SubscriptionEnded,
@@ -87,6 +88,28 @@ async def test_an_entity_that_becomes_unreadable_is_pushed_without_its_data(
         (),
     )
     await peer.close()
+
+
+@pytest.mark.parametrize("query", ["", "LIMIT 100"], ids=["streamed", "ranked"])
+async def test_an_answer_sends_no_row_the_peer_may_not_read(
+    hiding: tuple[Node, Server], query: str
+) -> None:
+    """Read a page at a time (no LIMIT) or ranked first, an answer over 60 albums, every
+    third private, sends exactly the public ones: the private rows are skipped in every
+    page, not only the first."""
+    node, server = hiding
+    async with node.context().transaction() as trx:
+        albums = [(trx.create(Album, name=f"a{i}", private=i % 3 == 0).id, i) for i in range(60)]
+    public = {album for album, i in albums if i % 3}
+    peer = await RawPeer.open(server.url)
+    await peer.send(SubscribeRequest(peer.rid(), 1, "albums", query, (), ()))
+    parts = await pushes_until(peer, DeltasResponse)
+    await peer.close()
+    assert all(isinstance(p, DeltasPage | DeltasResponse) for p in parts)
+    sent = [d for p in parts if isinstance(p, DeltasPage | DeltasResponse) for d in p.deltas]
+    assert {d.entity_id for d in sent} == public
+    assert len(sent) == len(public)
+    assert all(d.matches and d.state is not None for d in sent)
 
 
 async def test_an_expired_token_ends_the_subscription_with_policy_denied() -> None:
