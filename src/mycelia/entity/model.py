@@ -93,6 +93,7 @@ class Model:
     _model: ClassVar[type[Model]]
     """The declared model class (a View or Handle type points at the class it derives from)."""
     _derived: ClassVar[tuple[type[View], type[Handle]]]
+    _view_plan: ClassVar[tuple[type[View], tuple[_ViewField, ...]]]
     __slots__ = ("__dict__",)
 
     if typing.TYPE_CHECKING:  # set on every view and handle (not fields of the model)
@@ -141,17 +142,18 @@ class Model:
     @classmethod
     def _view(cls, snapshot: Snapshot) -> typing.Self:
         """A frozen view of ``snapshot`` (internal: contexts build views)."""
-        view = object.__new__(_derived(cls._model)[0])
+        view_type, fields = _view_plan(cls._model)
+        view = object.__new__(view_type)
         state = view.__dict__
         state["id"] = snapshot.entity_id
         state["head"] = snapshot.head
-        values = snapshot.values
-        for name, spec in cls._fields.items():
-            raw = values.get(name, None)
-            if raw is None and name not in values:
-                state[name] = Text("") if spec.backend == "text" else spec.default
+        get = snapshot.values.get  # (one lookup a field: a live query builds a view per row)
+        for name, text, default, wrap in fields:
+            raw = get(name, _ABSENT)
+            if raw is _ABSENT:
+                state[name] = Text("") if text else default
             else:
-                state[name] = spec.wrap(raw)
+                state[name] = raw if wrap is None else wrap(raw)
         return typing.cast("typing.Self", view)
 
     @classmethod
@@ -262,6 +264,31 @@ class Handle(Model, _internal=True):
 
     def __repr__(self) -> str:
         return f"{self._model.__name__}<Mutable {self.id}>({self._fields_repr()})"
+
+
+_ABSENT: typing.Final = object()
+"""A field absent from a snapshot's values (``None`` is a value)."""
+
+_ViewField = tuple[str, bool, object, Callable[[object], object] | None]
+"""(name, is text, default, wrap; ``None``: the value as stored)."""
+
+
+def _view_plan(model: type[Model]) -> tuple[type[View], tuple[_ViewField, ...]]:
+    """``model``'s View type and how a view fills each field, built on first use."""
+    plan = model.__dict__.get("_view_plan")
+    if plan is None:
+        fields = tuple(
+            (
+                name,
+                spec.backend == "text",
+                spec.default,
+                None if spec.wrap is _identity else spec.wrap,
+            )
+            for name, spec in model._fields.items()
+        )
+        plan = (_derived(model)[0], fields)
+        model._view_plan = plan
+    return plan
 
 
 def _derived(model: type[Model]) -> tuple[type[View], type[Handle]]:
