@@ -117,6 +117,32 @@ async def test_a_large_answer_is_read_a_page_at_a_time() -> None:
         await node.close()
 
 
+async def test_a_large_ranked_answer_is_read_again_in_batches() -> None:
+    """A LIMIT query over the same 120 entities of 32 KiB is ranked first: the answer
+    keeps about READ_BYTES of the rows it ranked, and reads the rest again from storage in
+    batches that grow from 16 rows to about READ_BYTES and never hold much more."""
+    node, storage, ids = await serve_blobs(120, 32 * KIB)
+    server = await mycelia.serve(node, host="127.0.0.1", port=0)
+    client = await Node.open(MemoryStorage(), durable=False, progress=False)
+    try:
+        await mycelia.connect(client, server.url)
+        await client.wait_ready(timeout=10)
+        storage.reads.clear()
+        async with client.context().query(Blob, "LIMIT 1000") as live:
+            assert sorted(v.id for v in live.items) == sorted(ids)
+            assert all(len(v.data) == 32 * KIB for v in live.items)
+        rows = [n for n, _ in storage.reads]
+        kept = 120 - sum(rows)
+        assert 0 < kept <= READ_BYTES // (32 * KIB)
+        assert rows[0] == 16
+        assert len(rows) >= 4
+        assert max(size for _, size in storage.reads) <= 2 * READ_BYTES
+    finally:
+        await client.close()
+        await server.close()
+        await node.close()
+
+
 async def test_a_change_between_pages_reaches_the_subscriber() -> None:
     """Between the answer's first and second page, the server edits a row of a later page,
     moves one out of the query, deletes one, edits a row the first page already sent and

@@ -41,7 +41,6 @@ from mycelia.entity import Entity, EntityChange, Snapshot
 from mycelia.node.deltas import (
     HEAVY_AT_ONCE,
     LIGHT_TERMS,
-    check_cost,
     delta_for,
     live_only,
     served_rows,
@@ -238,7 +237,6 @@ class ServedQueries:
         skipped; a row committed to after its page was read reaches the subscription
         after the answer (see :mod:`mycelia.node.serving`)."""
         collection, credentials = standing.collection, standing.credentials
-        check_cost(standing.query)
         query, can_read = replace(live_only(standing.query), order_by=()), self._policy.can_read
         after, count = None, _FIRST_READ
         while True:
@@ -253,7 +251,7 @@ class ServedQueries:
                 return
             after = page[-1].state.entity_id
             del page
-            count = max(1, min(2 * count, count * READ_BYTES // max(size, 1)))
+            count = _next_read(count, size)
 
     async def _read(self, standing: ServedQuery, ranked: _Ranked) -> AsyncIterator[EntityState]:
         """The states of the ``ranked`` result: its first rows as ranked, then the rest read
@@ -280,7 +278,7 @@ class ServedQueries:
                     size += state.wire_size(estimate=True)
                     yield state
             del states, state
-            count = max(1, min(2 * count, count * READ_BYTES // max(size, 1)))
+            count = _next_read(count, size)
 
     async def _current(self, standing: ServedQuery, entity_id: EntityId) -> EntityState | None:
         """The entity's state as this node holds it, if it belongs to the query's result."""
@@ -355,6 +353,12 @@ class _Ranked:
     def ids(self) -> set[EntityId]:
         """The result's ids."""
         return {s.entity_id for s in self.first} | {entity_id for entity_id, _ in self.rest}
+
+
+def _next_read(count: int, size: int) -> int:
+    """How many rows the next read takes after one of ``count`` rows and ``size`` bytes:
+    twice as many, up to about :data:`READ_BYTES`."""
+    return max(1, min(2 * count, count * READ_BYTES // max(size, 1)))
 
 
 def _small(change: EntityChange) -> bool:

@@ -43,12 +43,8 @@ Invariants:
   to one entity at once lose no head and orphan no event). A batch whose states were all
   made on the heads still stored is that transaction in one statement (``write_batch``, a
   compare-and-set on ``head``). A transaction aborted to break a deadlock is run again.
-- ``fetch`` returns exactly ``sort_rows`` over ``scan``: what maps exactly is pushed down
-  (one indexed range or set of keys, as parameters: see :mod:`mycelia.storage.plan`), the
-  field's long entries are added (kept if their recomputed key is in range), the whole
-  predicate is evaluated in Python on the candidates, and the order is either the index's
-  with the long rows merged in (ordered plans with a LIMIT, read through a server-side
-  cursor until LIMIT rows matched) or ``sort_rows``'s.
+- ``fetch`` returns exactly ``sort_rows`` over ``scan``, with what maps exactly pushed
+  down to ``field_keys`` (:mod:`mycelia.storage.postgres_fetch`).
 - **The feed never skips a committed batch.** Offsets are not taken from a sequence (which
   has gaps, and whose values can become visible out of order). A batch with states updates
   the ``feed_clock`` row as the last step of its transaction: the row lock serialises
@@ -72,7 +68,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -92,8 +87,8 @@ from mycelia.storage.engine import (
     decode_values,
     entity_records,
 )
-from mycelia.storage.plan import IndexPlan, check_bound, plan_query
 from mycelia.storage.postgres_arrays import Bytea, Texts
+from mycelia.storage.postgres_fetch import QueryReader
 from mycelia.storage.postgres_listen import FeedListener
 from mycelia.storage.postgres_pool import configure, translate
 from mycelia.storage.postgres_schema import check_schema, lock_key, migrate
@@ -103,11 +98,6 @@ from mycelia.storage.postgres_sql import (
     admitted,
     clock,
     decode_state,
-    long_rows,
-    matching,
-    merge_rows,
-    rows_after,
-    sorted_states,
 )
 from mycelia.storage.postgres_write import events_query
 from mycelia.storage.postgres_writer import Writer
@@ -167,6 +157,7 @@ class PostgresStorage:
             recent=self._recent,
             listener=self._listener,
         )
+        self._queries = QueryReader(self._fetch, self._ready, self._q)
         self._opening = asyncio.Lock()
         self._closed = False
 
@@ -275,72 +266,11 @@ class PostgresStorage:
         """The states of ``collection`` matching the bound ``query``, in its order, at most
         its limit: exactly ``sort_rows`` over :meth:`scan` (over the ids after ``after``),
         with an indexable conjunct's range pushed down to ``field_keys`` (see the module
-        docstring).
+        docstring and :mod:`mycelia.storage.postgres_fetch`).
 
         Raises InvalidArgument if the query has placeholders.
         """
-        check_bound(query)
-        if query.limit == 0:
-            return []
-        plan = plan_query(query)
-        if plan is not None and not plan.ranges:
-            return []
-        keys: tuple[object, ...]
-        if plan is not None and all(r.point for r in plan.ranges):
-            span, keys = "points", ([r.low for r in plan.ranges],)
-        elif plan is not None and len(plan.ranges) == 1:
-            span, keys = "range", (plan.ranges[0].low, plan.ranges[0].high)
-        elif query.order_by or query.limit is None:  # nothing indexable: read the collection
-            if after is None:
-                return sorted_states(await self._fetch("rows", (collection,)), query)
-            return sorted_states(await self._fetch("rows_after", (collection, after)), query)
-        else:  # in id order up to the limit: walk the collection's ids
-            return await self._walk("rows_after", (collection, after or b""), query, None)
-        head = (collection, plan.field.encode("utf-8", "surrogatepass"))
-        long = rows_after(long_rows(await self._fetch("long_", head), plan), after)
-        if not plan.ordered or query.limit is None:
-            rows = rows_after(await self._fetch(f"{span}_", (*head, *keys)), after)
-            return sorted_states([*rows, *long], query)
-        order = "desc" if plan.descending else "asc"
-        return await self._walk(
-            f"{span}_{order}", (*head, *keys), query, (plan, deque(long)), after=after
-        )
-
-    async def _walk(
-        self,
-        name: str,
-        params: Sequence[Any],
-        query: Query,
-        merge: tuple[IndexPlan, deque[tuple[Any, ...]]] | None,
-        *,
-        after: bytes | None = None,
-    ) -> list[StoredState]:
-        """Read candidates in the query's order through a server-side cursor, in growing
-        chunks (those after ``after`` only), merged with the plan's long rows, until
-        ``query.limit`` of them match."""
-        limit = query.limit
-        assert isinstance(limit, int)
-        pending: deque[tuple[Any, ...]] = deque() if merge is None else merge[1]
-        pool = await self._ready()
-        found: list[StoredState] = []
-        try:
-            async with (
-                pool.connection() as conn,
-                conn.transaction(),
-                conn.cursor("mycelia_fetch", binary=True) as cursor,
-            ):
-                await cursor.execute(self._q[name], params)
-                size = max(2 * limit, 16)
-                while len(found) < limit and (rows := await cursor.fetchmany(size)):
-                    chunk = rows_after(rows, after)
-                    ordered = chunk if merge is None else merge_rows(chunk, pending, merge[0])
-                    found.extend(matching(ordered, query, limit - len(found)))
-                    size = min(4 * size, 4096)
-        except (psycopg.Error, PoolTimeout) as exc:
-            raise translate(exc, f"PostgreSQL read ({name}) failed") from exc
-        if len(found) < limit:
-            found.extend(matching(list(pending), query, limit - len(found)))
-        return found
+        return await self._queries.fetch(collection, query, after=after)
 
     async def read_since(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:
         """Feed rows after ``offset``, ascending, at most ``limit`` (never skipping one)."""
