@@ -62,6 +62,7 @@ async def _applier(
     heard: list[EntityChange] | None = None,
     remote: Sequence[AdmittedEvent] | None = None,
     asked: list[EventId] | None = None,
+    residents: Residents | None = None,
 ) -> tuple[Applier, MemoryStorage]:
     """An applier of ``server``'s system on a fresh store (``remote``: the history a peer
     would answer with, ``asked`` collects what it was asked for; None: no peer)."""
@@ -75,7 +76,7 @@ async def _applier(
     root = server.system_root
     applier = Applier(
         store,
-        Residents(),
+        Residents() if residents is None else residents,
         durable=durable,
         system_root=lambda: root,
         remote=None if remote is None else ask,
@@ -429,6 +430,48 @@ async def test_an_adopted_snapshot_is_stored_as_sent_only_by_a_cache(durable: bo
     held = await applier.load(note)
     assert held is not None
     assert held.snapshot().values == {"title": "g", "rank": 3}
+
+
+async def test_a_cache_adopts_a_snapshot_of_values_without_building_the_entity() -> None:
+    """A fresh client adopts a thousand snapshots at once and edits a few: an LWW-only
+    state is stored and reported with its values decoded once, and no entity is made
+    resident; the first load builds it from storage, its tips kept as a snapshot's."""
+    a = await _server()
+    note = await _note(a, title="g", rank=3)
+    state = await a.storage.get_state(note)
+    assert state is not None
+    heard: list[EntityChange] = []
+    residents = Residents()
+    applier, store = await _applier(a, heard=heard, residents=residents)
+    before = len(residents)
+    heard.clear()  # (the system's own entities)
+    await applier.ingest_states([state])
+    assert len(residents) == before
+    assert await store.get_state(note) is state
+    (change,) = heard
+    assert (change.before.exists, dict(change.after.values)) == (False, {"title": "g", "rank": 3})
+    assert change.changed == {"title", "rank"}
+    entity = await applier.load(note)
+    assert entity is not None
+    assert len(residents) == before + 1
+    assert entity.head == state.state.head
+    assert entity.boundary == state.state.head_generations()
+    assert entity.snapshot() == change.after
+
+
+async def test_a_malformed_snapshot_is_refused_by_a_cache_and_nothing_is_stored() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    state = await a.storage.get_state(note)
+    assert state is not None
+    bad = EntityState(
+        note, "notes", State(state.state.head, state.state.generations, (("lww", b"\x93"),))
+    )
+    applier, store = await _applier(a)
+    result = await applier.ingest_states([bad])
+    assert isinstance(result.errors[note], DecodeError)
+    assert await store.get_state(note) is None
+    assert await applier.load(note) is None
 
 
 async def test_a_state_read_as_canonical_is_given_back_until_the_entity_changes() -> None:

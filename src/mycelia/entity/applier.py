@@ -130,6 +130,8 @@ class Applier:
             stored = await self._store.get_state(entity_id)
             if stored is not None:
                 entity = self._residents.put(Entity.from_state(stored, canonical=True))
+                if not self._durable:  # a snapshot's tips, maybe: see Entity.boundary
+                    entity.mark_boundary(entity.head_map)
         return entity
 
     def base(self, entity: Entity) -> ForkBase:
@@ -457,8 +459,7 @@ class Applier:
             if head is None:
                 return None
             plan = merged(entity, incoming, head, cache=cache, staged=fetched(getter))
-        self._residents.put(plan.entity)
-        return plan
+        return self._resident(plan)
 
     async def reset(
         self,
@@ -482,14 +483,19 @@ class Applier:
                 current = await self.load(entity_id)
                 self._epochs[entity_id] = self._epochs.get(entity_id, 0) + 1
                 plan = replaced(entity_id, state, current, replay, cache=not self._durable)
-                if plan is None:
-                    continue
-                if plan.entity.exists:
-                    self._residents.put(plan.entity)
-                else:
-                    self._residents.evict(entity_id)
-                run.add(plan)
+                if plan is not None:
+                    run.add(self._resident(plan))
         return result
+
+    def _resident(self, plan: Plan) -> Plan:
+        """Make the entity ``plan`` leaves standing the resident (an :class:`Adopted` is
+        only stored: the next load builds it from storage); drop any other."""
+        entity = plan.entity
+        if isinstance(entity, Entity) and entity.exists:
+            self._residents.put(entity)
+        else:
+            self._residents.evict(entity.entity_id)
+        return plan
 
 
 def _ignore(changes: list[EntityChange]) -> None:

@@ -37,6 +37,7 @@ from typing import Final
 from mypy_extensions import mypyc_attr
 
 from mycelia.entity.backends import Backend, ClientIds, LwwBackend, OpaqueBackend, TextBackend
+from mycelia.entity.backends.lww import state_values
 from mycelia.entity.backends.text import merge_parts
 from mycelia.errors import DecodeError
 from mycelia.proto import (
@@ -50,7 +51,15 @@ from mycelia.proto import (
     State,
 )
 
-__all__ = ["BOUNDARY", "DELETED", "KNOWN_BACKENDS", "Entity", "Snapshot", "stored_merge"]
+__all__ = [
+    "BOUNDARY",
+    "DELETED",
+    "KNOWN_BACKENDS",
+    "Entity",
+    "Snapshot",
+    "plain_values",
+    "stored_merge",
+]
 
 BOUNDARY: Final = 64
 """Merged snapshots' tips an entity remembers (see ``boundary`` in the module)."""
@@ -389,6 +398,21 @@ def _backend(name: str, text_ids: ClientIds | None, buffer: Buffer | None = None
         return TextBackend.from_state(buffer, text_ids)
     cls = KNOWN_BACKENDS.get(name, OpaqueBackend)
     return cls.empty() if buffer is None else cls.from_state(buffer)
+
+
+def plain_values(state: State) -> dict[str, object] | None:
+    """The values of a state holding no buffer but LWW bytes (what
+    ``Entity.from_state(...).values()`` gives, without the entity); ``None`` for any other
+    (a text's values cost a document to decode). Raises DecodeError on a malformed buffer."""
+    buffers = state.lazy_buffers()
+    if not buffers:
+        return {}
+    if len(buffers) != 1:
+        return None
+    name, buffer = buffers[0]
+    if name != LwwBackend.name or type(buffer) is not bytes:
+        return None
+    return state_values(buffer)
 
 
 def stored_merge(name: str, parts: tuple[bytes, ...]) -> bytes:

@@ -16,16 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 
 from mycelia.entity.entity import Entity, Snapshot
 from mycelia.entity.locks import EntityLocks
 from mycelia.errors import MyceliaError, PayloadTooLarge
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EventId
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId
 from mycelia.retrieval import CachedGetter, EventSource, LocalGetter, StoredState, WriteBatch
 
 __all__ = [
     "NEW_ENTITY",
+    "Adopted",
     "EntityChange",
     "EventCheck",
     "ForkBase",
@@ -93,9 +94,42 @@ NEW_ENTITY = ForkBase({}, 0)
 """The base of an entity created by the transaction itself."""
 
 
+class Adopted:
+    """An entity a cache adopts whole from its durable peer's snapshot, as a plan holds it:
+    the state as sent and its values, decoded once. It is written as it is and never made
+    resident: the applier builds the :class:`Entity` from storage when it is first loaded
+    (a fresh client adopts a thousand at once and edits a few)."""
+
+    __slots__ = ("_snapshot", "_state")
+
+    def __init__(self, state: EntityState, values: dict[str, object]) -> None:
+        self._state = state
+        self._snapshot = Snapshot(
+            state.entity_id, state.collection, state.state.head, MappingProxyType(values)
+        )
+
+    @property
+    def entity_id(self) -> EntityId:
+        """The entity's id."""
+        return self._state.entity_id
+
+    @property
+    def exists(self) -> bool:
+        """Whether the state has a head (a snapshot of a created entity)."""
+        return self._snapshot.exists
+
+    def snapshot(self) -> Snapshot:
+        """The entity's values at the state's head."""
+        return self._snapshot
+
+    def to_state(self) -> EntityState:
+        """The state as sent."""
+        return self._state
+
+
 @dataclass(slots=True)
 class Plan:
-    entity: Entity
+    entity: Entity | Adopted
     before: Snapshot
     staged: list[AdmittedEvent]
     """Events to store (new to this node)."""
@@ -133,7 +167,7 @@ class Run:
         an entity past ``max_entity_bytes`` (:func:`check_sizes`)."""
         # One pass over the plans (a local commit has one): this runs on every commit.
         events: list[AdmittedEvent] = []
-        latest: dict[EntityId, Entity] = {}
+        latest: dict[EntityId, Entity | Adopted] = {}
         bases: dict[EntityId, Clock] = {}  # the head each entity had before the run
         grown: set[EntityId] = set()
         for plan in self.plans:

@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
-from mycelia.entity.entity import Entity, Snapshot
-from mycelia.entity.runs import Plan, differing
+from mycelia.entity.entity import Entity, Snapshot, plain_values
+from mycelia.entity.runs import Adopted, Plan, differing
 from mycelia.entity.verdicts import Action, action_for, head_after, rejection
 from mycelia.errors import EventNotFound
 from mycelia.event_dag import compare
@@ -42,13 +42,25 @@ def adopted(incoming: EntityState, *, cache: bool) -> Plan:
     """The plan for a snapshot of an entity this node does not have (or has only empty).
     A cache takes its durable peer's state as it came (it trusts that peer's states: an
     honest one encodes them canonically), so it stores it without encoding it again; a
-    durable node encodes it canonically (it serves what it stores)."""
+    durable node encodes it canonically (it serves what it stores). A cache adopts a state
+    of LWW values only as an :class:`Adopted`, decoding its values and nothing else."""
+    before = absent(incoming.entity_id, incoming.collection)
+    if cache and incoming.state.head:
+        values = plain_values(incoming.state)
+        if values is not None:
+            return Plan(Adopted(incoming, values), before, [], [], set(values), snapshot=True)
+    fresh = _materialised(incoming, cache=cache)
+    # Through the snapshot, which the write and the resident's size estimate read again.
+    return Plan(fresh, before, [], [], set(fresh.snapshot().values), snapshot=True)
+
+
+def _materialised(incoming: EntityState, *, cache: bool) -> Entity:
+    """The entity of a state adopted whole (see :func:`adopted`); on a cache, its tips
+    are a snapshot's (see the module docstring)."""
     fresh = Entity.from_state(incoming, canonical=cache)
     if cache:
         fresh.mark_boundary(fresh.head_map)
-    before = absent(incoming.entity_id, incoming.collection)
-    # Through the snapshot, which the write and the resident's size estimate read again.
-    return Plan(fresh, before, [], [], set(fresh.snapshot().values), snapshot=True)
+    return fresh
 
 
 def absent(entity_id: EntityId, collection: str) -> Snapshot:
@@ -91,7 +103,7 @@ def replaced(
     peer has none) and applies ``replay``, this node's own events on it, on top;
     ``None`` when there is nothing to replace."""
     if state is not None:
-        entity = adopted(state, cache=cache).entity
+        entity = _materialised(state, cache=cache)
     elif current is not None:
         entity = Entity.empty(entity_id, current.collection)
     else:

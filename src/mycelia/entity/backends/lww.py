@@ -34,7 +34,7 @@ from mycelia.proto.codec import (
 from mycelia.proto.ids import ID_LENGTH
 from mycelia.proto.limits import DEFAULT_LIMITS
 
-__all__ = ["LwwBackend"]
+__all__ = ["LwwBackend", "state_values"]
 
 STATE_VERSION: Final = 1
 
@@ -61,31 +61,7 @@ class LwwBackend:
     @classmethod
     def from_state(cls, buffer: bytes) -> Self:
         """Decode a state buffer; raises DecodeError if malformed."""
-        version, rows = expect_list(unpack(buffer, what="lww state"), "lww state", length=2)
-        if version != STATE_VERSION:
-            raise DecodeError(f"unknown lww state version {version!r}")
-        entries: dict[str, _Entry] = {}
-        for row in expect_list(rows, "lww entries"):
-            if (
-                type(row) is list
-                and len(row) == 4
-                and type(row[0]) is str
-                and row[0] in _NAMES
-                and type(row[1]) is bytes
-                and type(row[2]) is int
-                and row[2] >= 1
-                and type(row[3]) is bytes
-                and len(row[3]) == ID_LENGTH
-            ):
-                entries[row[0]] = (row[1], row[2], row[3])  # the common case: no call
-                continue
-            prop, value, generation, writer = expect_list(row, "lww entry", length=4)
-            entries[_name(prop)] = (
-                expect_bytes(value, "value"),
-                expect_int(generation, "generation", minimum=1),
-                expect_bytes(writer, "writer", length=ID_LENGTH),
-            )
-        return cls(entries, {})
+        return cls(_entries(buffer), {})
 
     def to_state(self) -> bytes:
         """Canonical state buffer."""
@@ -170,6 +146,41 @@ class LwwBackend:
         return isinstance(other, LwwBackend) and self._entries == other._entries
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def state_values(buffer: bytes) -> dict[str, object]:
+    """The values a state buffer holds (``from_state(buffer).values()``, without the
+    backend); raises DecodeError if malformed."""
+    return {prop: decode_value(entry[0]) for prop, entry in _entries(buffer).items()}
+
+
+def _entries(buffer: bytes) -> dict[str, _Entry]:
+    """A state buffer's entries; raises DecodeError if malformed."""
+    version, rows = expect_list(unpack(buffer, what="lww state"), "lww state", length=2)
+    if version != STATE_VERSION:
+        raise DecodeError(f"unknown lww state version {version!r}")
+    entries: dict[str, _Entry] = {}
+    for row in expect_list(rows, "lww entries"):
+        if (
+            type(row) is list
+            and len(row) == 4
+            and type(row[0]) is str
+            and row[0] in _NAMES
+            and type(row[1]) is bytes
+            and type(row[2]) is int
+            and row[2] >= 1
+            and type(row[3]) is bytes
+            and len(row[3]) == ID_LENGTH
+        ):
+            entries[row[0]] = (row[1], row[2], row[3])  # the common case: no call
+            continue
+        prop, value, generation, writer = expect_list(row, "lww entry", length=4)
+        entries[_name(prop)] = (
+            expect_bytes(value, "value"),
+            expect_int(generation, "generation", minimum=1),
+            expect_bytes(writer, "writer", length=ID_LENGTH),
+        )
+    return entries
 
 
 def encode_diff(writes: dict[str, bytes]) -> bytes:
