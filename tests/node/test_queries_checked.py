@@ -90,3 +90,24 @@ async def test_raw_queries_from_the_wire_keep_the_language_semantics(node: Node)
     assert [v.seq for v in fetched] == [0, 1, 2]
     await app.close()
     await server.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "args", "what"),
+    [
+        ("title = ?", ("x" * 70_000,), "argument 1 has 70,000 bytes"),
+        ("body = ?", ("é" * 40_000,), "argument 1 has 80,000 bytes"),  # a Text field too
+        ("meta.author IN ('a', ?)", ("x" * 65_537,), "argument 1 has 65,537 bytes"),
+    ],
+)
+async def test_a_query_string_longer_than_a_server_decodes_is_refused_here(
+    node: Node, query: str, args: tuple[object, ...], what: str
+) -> None:
+    """Before, the server refused the query's frame: a live query showed only what the
+    client held (a warning in the log), and a fetch raised the peer's PayloadTooLarge. (A
+    literal cannot be that long: the parser takes at most as many characters.)"""
+    with pytest.raises(QueryError, match=f"{what} of UTF-8, and a query's string may hold"):
+        await node.context().fetch(Note, query, *args)
+    with pytest.raises(QueryError, match=what):
+        node.context().query(Note, query, *args)
+    assert await node.context().fetch(Note, "title = ?", "x" * 65_536) == []  # at the limit

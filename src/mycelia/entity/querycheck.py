@@ -16,7 +16,10 @@ Rules (each refusal is a :class:`~mycelia.errors.QueryError` naming the field):
 - a literal or argument compared with a field is of the field's collation class (numbers
   for int and float fields, strings for str and Text, bools, bytes for bytes and Ref);
   ``NULL`` (``None``) is allowed, and any value goes with a Json field;
-- two fields compared with each other are of the same class.
+- two fields compared with each other are of the same class;
+- a string literal or argument holds at most ``max_string_length`` bytes of UTF-8 (the
+  durable peer refuses a longer one: a live query would show only local results, and a
+  fetch fail with the peer's PayloadTooLarge).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import difflib
 from collections.abc import Iterator
 
 from mycelia.entity.model import FieldSpec, Model
+from mycelia.entity.values import oversized
 from mycelia.errors import InvalidArgument, QueryError
+from mycelia.proto.limits import DEFAULT_LIMITS
 from mycelia.proto.query import (
     And,
     Collation,
@@ -133,14 +138,14 @@ def _check_value(
     value: object,
     args: tuple[object, ...],
 ) -> None:
-    if not _exact(path, spec):
-        return
     what = "the literal"
     if isinstance(value, Placeholder):
         if value.index >= len(args):
             return  # binding reports the missing argument
         what, value = f"argument {value.index + 1}", args[value.index]
-    if value is None:
+    if isinstance(value, str):
+        _check_size(value, what)
+    if value is None or not _exact(path, spec):
         return
     try:
         collation = class_of(value)
@@ -150,4 +155,15 @@ def _check_value(
         raise QueryError(
             f"{model.__name__}.{spec.name} holds {_holds(spec)}, so {what} "
             f"{value!r} (a {type(value).__name__}) never matches it"
+        )
+
+
+def _check_size(value: str, what: str) -> None:
+    """Refuse a string longer than a peer decodes: the query could not reach the server."""
+    size = oversized(value)
+    if size is not None:
+        raise QueryError(
+            f"{what} has {size:,} bytes of UTF-8, and a query's string may hold at most "
+            f"{DEFAULT_LIMITS.max_string_length:,} (what a server decodes): compare a "
+            "shorter value"
         )

@@ -25,7 +25,7 @@ from mycelia.errors import DecodeError, InvalidArgument
 from mycelia.proto.codec import canonical_value, pack, unpack
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["Value", "check_value", "decode_value", "encode_value"]
+__all__ = ["Value", "check_value", "decode_value", "encode_value", "oversized"]
 
 Value = object
 """A property value (see the module docstring for what is allowed)."""
@@ -65,13 +65,20 @@ def check_value(value: object, *, limits: Limits = DEFAULT_LIMITS, depth: int = 
     raise InvalidArgument(f"a {type(value).__name__} cannot be stored in a field")
 
 
+def oversized(text: str, limits: Limits = DEFAULT_LIMITS) -> int | None:
+    """The UTF-8 size of ``text`` if it is longer than a peer decodes (more than
+    ``max_string_length`` bytes), else ``None``."""
+    if len(text) * 4 <= limits.max_string_length:  # at most 4 bytes a character: no count
+        return None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if size > limits.max_string_length else None
+
+
 def _check_string(text: str, limits: Limits, what: str) -> None:
     """Refuse ``text`` if it is longer than a peer decodes (``max_string_length`` bytes)."""
-    most = limits.max_string_length
-    if len(text) * 4 <= most:  # a character is at most 4 bytes of UTF-8: nothing to count
-        return
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > most:
+    size = oversized(text, limits)
+    if size is not None:
+        most = limits.max_string_length
         raise InvalidArgument(
             f"{what} may hold at most {most:,} bytes of UTF-8, and this one has {size:,}: "
             f"keep long text in a Text field, and large binary data as bytes"
