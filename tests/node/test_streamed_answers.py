@@ -16,7 +16,7 @@ import mycelia
 from mycelia import Model, Node
 from mycelia.errors import PayloadTooLarge, QueryError, RemoteProtocolError, RequestTimeout
 from mycelia.node import outstanding
-from mycelia.node.budget import FIRST_PAGE_BYTES, PAGE_BYTES
+from mycelia.node.budget import ANSWER_PAGE_BYTES, FIRST_PAGE_BYTES
 from mycelia.node.outstanding import Outstanding, Streamed
 from mycelia.node.transport import Transport, memory_pair
 from mycelia.node.upstream import _deltas_of
@@ -138,7 +138,7 @@ async def items(node: Node, count: int, size: int) -> list[EntityId]:
         return [trx.create(Item, data=os.urandom(size)).id for _ in range(count)]
 
 
-async def test_a_subscribe_answer_starts_small_and_doubles_up_to_the_page_size(
+async def test_a_subscribe_answer_starts_small_and_doubles_up_to_the_answer_page_size(
     node: Node,
 ) -> None:
     await items(node, 1500, 2 * KIB)  # about 3 MiB
@@ -161,8 +161,8 @@ async def test_a_subscribe_answer_starts_small_and_doubles_up_to_the_page_size(
     pages = sizes[:-1]
     assert FIRST_PAGE_BYTES - 4 * KIB <= pages[0] <= FIRST_PAGE_BYTES
     for before, after in itertools.pairwise(pages):
-        assert after > 1.8 * before or after > PAGE_BYTES * 0.95
-    assert max(sizes) <= PAGE_BYTES + 4 * KIB
+        assert after > 1.8 * before or after > ANSWER_PAGE_BYTES * 0.95
+    assert max(sizes) <= ANSWER_PAGE_BYTES + 4 * KIB
     await peer.close()
     await server.close()
 

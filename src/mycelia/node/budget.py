@@ -36,6 +36,7 @@ from typing import Final
 from mycelia.errors import ConnectionClosed
 
 __all__ = [
+    "ANSWER_PAGE_BYTES",
     "ANSWER_POOL_BYTES",
     "DEFAULT_BOUNDS",
     "FIRST_PAGE_BYTES",
@@ -58,7 +59,13 @@ PAGE_BYTES: Final = 1024 * 1024
 alone in its page; no page exceeds the frame limit)."""
 FIRST_PAGE_BYTES: Final = 32 * 1024
 """How much the first page of a deltas answer aims to carry; each next page twice the last,
-up to the page size. The requester starts on a small first page while the rest is built."""
+up to :data:`ANSWER_PAGE_BYTES`. The requester starts on a small first page while the rest
+is built."""
+ANSWER_PAGE_BYTES: Final = 64 * 1024
+"""The most one page of a deltas answer aims to carry (the page size, if smaller): the
+requester applies a page while the responder reads and sends the next, so small pages keep
+both at work (a fresh client's 1,000 entities: 42 → 34 ms, against pages growing to
+1 MiB, where each side waited for the other's large page)."""
 STALL_TIMEOUT: Final = 10.0
 """Seconds an answer may wait for room in a peer's outgoing budget *with nothing written
 to the peer meanwhile* before the peer is cut off as a slow consumer (a slow reader that

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
 from mycelia.entity import Entity, EntityChange, Snapshot
+from mycelia.node.budget import ANSWER_PAGE_BYTES
 from mycelia.node.deltas import (
     HEAVY_AT_ONCE,
     LIGHT_TERMS,
@@ -60,8 +61,9 @@ __all__ = ["PAGE_LIMIT", "Loader", "ServedQueries", "ServedQuery"]
 
 PAGE_LIMIT: Final = 1024 * 1024
 """Most bytes of events a pushed update sends as they are (more: a snapshot or bridge)."""
-READ_BYTES: Final = 1024 * 1024
-"""About how many bytes of states an answer reads from storage at once."""
+READ_BYTES: Final = ANSWER_PAGE_BYTES
+"""About how many bytes of states an answer reads from storage at once (after its first
+read): about one of its pages, so a page goes out while the next is read."""
 _FIRST_READ: Final = 16
 """How many rows an answer's first read takes (the next ones are sized by their bytes)."""
 

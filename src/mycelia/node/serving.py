@@ -53,7 +53,7 @@ from mycelia.errors import (
     PresenceRejected,
     code_of,
 )
-from mycelia.node.budget import FIRST_PAGE_BYTES
+from mycelia.node.budget import ANSWER_PAGE_BYTES, FIRST_PAGE_BYTES
 from mycelia.node.deltas import check_cost, delta_for
 from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
 from mycelia.node.ports import Peer
@@ -410,7 +410,8 @@ def _pages(deltas: Iterable[Delta], page_bytes: int) -> Iterable[list[Delta]]:
 async def _paged_deltas(peer: Peer, request_id: int, deltas: AsyncIterator[Delta]) -> Message:
     """Send every page of ``deltas`` but the last (as it fills up); the last is the
     response itself. The first page aims at :data:`FIRST_PAGE_BYTES`, each next one at
-    twice the last, up to the peer's page size; each goes out before the next is built."""
+    twice the last, up to :data:`ANSWER_PAGE_BYTES` (or the peer's page size); each goes
+    out before the next is built."""
     page: list[Delta] = []
     size = 0
     limit = min(FIRST_PAGE_BYTES, peer.page_bytes)
@@ -420,7 +421,7 @@ async def _paged_deltas(peer: Peer, request_id: int, deltas: AsyncIterator[Delta
             await peer.send(DeltasPage(request_id, tuple(page)), size=size + PAGE_ENVELOPE)
             await asyncio.sleep(0)  # the writer puts the page on the wire: the peer starts on it
             page, size = [], 0
-            limit = min(2 * limit, peer.page_bytes)
+            limit = min(2 * limit, peer.page_bytes, ANSWER_PAGE_BYTES)
         page.append(delta)
         size += delta_size
     return DeltasResponse(request_id, tuple(page))
