@@ -410,19 +410,17 @@ class Applier:
         """Merge state snapshots from a peer (ARCHITECTURE.md §7: a snapshot, not events).
 
         Every backend is a state-based CRDT, so merging is always correct for the values;
-        the head becomes the maximal ids of both heads (by comparison; if the history
-        needed to decide is not here, both heads are kept, which later comparisons handle).
-        ``bases`` holds, per entity, a head its snapshot strictly descends from, on the
-        word of a trusted peer: while the entity here has exactly that head, the
-        snapshot's head is taken without a comparison (pass only what the durable peer of
-        an ephemeral node said). An older or equal snapshot is a no-op. All the merged
-        states are written at once. A snapshot that does not fit is left out and reported
-        in the result's ``errors`` (DecodeError for a malformed buffer, InvalidEvent for
-        another collection; on an ephemeral node, EventNotFound when the history needed
-        to place it cannot be fetched now: the peer's next answer brings it again).
+        the head becomes the maximal ids of both heads (by comparison; without the history
+        to decide, both heads are kept, which later comparisons handle). ``bases`` holds,
+        per entity, a head its snapshot strictly descends from, on a trusted peer's word:
+        while the entity here has exactly that head, the snapshot's head is taken without a
+        comparison (pass only what an ephemeral node's durable peer said). An older or equal
+        snapshot is a no-op. All the merged states are written at once. A snapshot that does
+        not fit is left out and reported in ``errors`` (DecodeError for a malformed buffer,
+        InvalidEvent for another collection; on an ephemeral node, EventNotFound when the
+        history to place it cannot be fetched now: the peer's next answer brings it again).
         """
-        bases = bases or {}
-        result = IngestResult()
+        bases, result = bases or {}, IngestResult()
         by_id = {s.entity_id: s for s in states}
         async with self.staging(by_id, result) as run:
             for entity_id, incoming in by_id.items():
@@ -472,9 +470,9 @@ class Applier:
         replay ``replay`` — this node's own commits on them that the peer does not hold,
         fresh for it, parents first — on top; in one write, with ``meta``.
 
-        Only an ephemeral node resets (its store is a cache): each entity is forgotten
-        whole and rebuilt, and a transaction that forked it before fails with
-        CommitReverted. The change reported goes from what this node showed to the result.
+        Only an ephemeral node resets (its store is a cache): each entity is forgotten whole
+        and rebuilt, and a transaction that forked it before fails with CommitReverted. The
+        change reported goes from what this node showed to the result.
         """
         result = IngestResult()
         forget = tuple(sorted(replacements))
@@ -488,8 +486,7 @@ class Applier:
         return result
 
     def _resident(self, plan: Plan) -> Plan:
-        """Make the entity ``plan`` leaves standing the resident (an :class:`Adopted` is
-        only stored: the next load builds it from storage); drop any other."""
+        """Make a standing entity the resident; drop any other (and an :class:`Adopted`)."""
         entity = plan.entity
         if isinstance(entity, Entity) and entity.exists:
             self._residents.put(entity)

@@ -74,7 +74,7 @@ from mycelia.storage.lmdb_writer import (
     pack_encoded,
     unpack_encoded,
 )
-from mycelia.storage.plan import check_bound, plan_query
+from mycelia.storage.plan import check_bound, matches_nothing, plan_query
 from mycelia.storage.recent import RecentEvents
 from mycelia.storage.staging import Spill, load_batches
 
@@ -276,10 +276,8 @@ class LmdbStorage:
         Raises InvalidArgument if the query has placeholders.
         """
         check_bound(query)
-        if query.limit == 0:
-            return []
         plan = plan_query(query)
-        if plan is not None and not plan.ranges:
+        if matches_nothing(query, plan):
             return []
 
         def run(budget: int | None) -> Callable[[Txn], list[StoredState]]:

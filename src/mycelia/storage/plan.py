@@ -66,6 +66,7 @@ __all__ = [
     "check_bound",
     "conjuncts",
     "index_entries",
+    "matches_nothing",
     "plan_query",
 ]
 
@@ -163,6 +164,12 @@ def check_bound(query: Query) -> None:
     """Raise InvalidArgument if ``query`` still has placeholders (as ``sort_rows`` does)."""
     if query.placeholders:
         raise InvalidArgument("the query has an unbound '?': call Query.bind first")
+
+
+def matches_nothing(query: Query, plan: IndexPlan | None) -> bool:
+    """Whether a bound query matches nothing, whatever is stored: LIMIT 0, or an index
+    plan with no range left (contradictory conjuncts). Every engine's fetch asks first."""
+    return query.limit == 0 or (plan is not None and not plan.ranges)
 
 
 def conjuncts(predicate: Predicate) -> Iterator[Predicate]:

@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from mycelia.proto import EntityId
 from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState
-from mycelia.storage.plan import IndexPlan, check_bound, plan_query
+from mycelia.storage.plan import IndexPlan, check_bound, matches_nothing, plan_query
 from mycelia.storage.postgres_pool import translate
 from mycelia.storage.postgres_sql import (
     long_rows,
@@ -67,10 +67,8 @@ class QueryReader:
         Raises InvalidArgument if the query has placeholders.
         """
         check_bound(query)
-        if query.limit == 0:
-            return []
         plan = plan_query(query)
-        if plan is not None and not plan.ranges:
+        if matches_nothing(query, plan):
             return []
         keys: tuple[object, ...]
         if plan is not None and all(r.point for r in plan.ranges):
