@@ -13,6 +13,7 @@ _choose()  # before any other module: the compiled hot path, or pure Python (com
 
 from mycelia.entity.fieldtypes import Json, Ref, Text
 from mycelia.entity.model import Model
+from mycelia.errors import MyceliaError
 from mycelia.node import (
     Context,
     Credentials,
@@ -40,6 +41,7 @@ __all__ = [
     "Grant",
     "Json",
     "Model",
+    "MyceliaError",
     "Node",
     "PeerInfo",
     "PermissiveAgent",
