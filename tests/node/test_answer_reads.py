@@ -16,7 +16,7 @@ import mycelia
 from mycelia import Model, Node
 from mycelia.node.served import READ_BYTES
 from mycelia.proto import EntityId, EntityState
-from mycelia.proto.query import Query
+from mycelia.proto.query import After, Query
 from mycelia.retrieval import StoredState
 from mycelia.storage import MemoryStorage
 from tests.node.waiting import until
@@ -57,14 +57,15 @@ class Recording(MemoryStorage):
         return found
 
     async def fetch(
-        self, collection: str, query: Query, *, after: EntityId | None = None
+        self, collection: str, query: Query, *, after: After | None = None
     ) -> list[StoredState]:
         paged = query.limit is not None and collection == Blob.__collection__
         if paged and self.on_pages:
             await self._maybe_step(len(self.pages))
         found = await super().fetch(collection, query, after=after)
         if paged:
-            self.pages.append((after, len(found), sum(s.state.wire_size() for s in found)))
+            last = None if after is None else EntityId._trusted(after.entity_id)
+            self.pages.append((last, len(found), sum(s.state.wire_size() for s in found)))
         return found
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,14 @@ from psycopg import sql
 
 from mycelia.errors import InvalidArgument, StorageCorrupt, StorageReadOnly
 from mycelia.proto import EntityId, EntityState, State
-from mycelia.proto.query import And, IsNull, Query, parse
+from mycelia.proto.query import After, And, IsNull, Query, parse
 from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage import MemoryStorage, StorageEngine
 from mycelia.storage.lmdb import LARGE_READ, LmdbStorage
 from mycelia.storage.lmdb_index import OverBudget, fetch_in
 from mycelia.storage.plan import plan_query
 from mycelia.storage.testing import EngineSpec, genesis, state_of
-from mycelia.storage.testing_queries import fetch_matches_scan
+from mycelia.storage.testing_queries import fetch_matches_scan, fetch_pages
 from tests.proto.query.test_cases import CASES_FILE
 from tests.storage.conftest import PostgresSchemas
 
@@ -208,6 +209,61 @@ async def test_an_index_naming_a_missing_state_is_corrupt_and_a_scan_skips_nothi
         assert sorted(s.state.entity_id for s in rest) == sorted(
             s.state.entity_id for s in states if s.state.entity_id != gone
         )
+    finally:
+        await storage.close()
+
+
+async def test_keyset_pages_in_a_plans_order_are_exact_across_ties(
+    engine_spec: EngineSpec,
+) -> None:
+    """A result read a page at a time from each page's last row (``After.row``) is the
+    whole result, in order, whatever the order: ascending or descending on the planned
+    field (many rows per key: a page ends inside a key's run of ids), by id, or by an
+    unplanned field."""
+    engine = await engine_spec.fresh()
+    try:
+        states = tuple(
+            state_of([genesis("items", n)], {"x": n % 7, "s": f"{n % 5}"}) for n in range(150)
+        )
+        await engine.write(WriteBatch(states=states))
+        for text in (
+            "x >= 2 ORDER BY x",
+            "x >= 2 ORDER BY x DESC",
+            "x IN (1, 3, 6) ORDER BY x",
+            "x IN (1, 3, 6) ORDER BY x DESC",
+            "x < 4",
+            "x > 0 ORDER BY s DESC",
+        ):
+            query = parse(text)
+            whole = await fetch_matches_scan(engine, "items", query, name=engine_spec.name)
+            for size in (1, 7, 40):
+                paged = await fetch_pages(engine, "items", query, size=size)
+                assert paged == whole, f"{engine_spec.name}: {text} in pages of {size}"
+    finally:
+        await engine.close()
+
+
+async def test_a_page_of_an_ordered_plan_reads_from_its_position(tmp_path: Path) -> None:
+    """An ordered plan's walk starts at the position, so a page deep into a large result
+    reads about its own candidates (a budget of 64 is not exceeded), also from inside one
+    key's long run of ids: the index key is the value key, then the id."""
+    storage = await lmdb_with_rows(tmp_path / "s", 3 * LARGE_READ)
+    try:
+        for text in ("x > -100000 ORDER BY x", "g = 3 ORDER BY g", "g >= 3 ORDER BY g"):
+            query = parse(text)
+            whole = await storage.fetch("rows", query)
+            middle = len(whole) // 2
+            last = whole[middle]
+            after = After.row(query, last.state.entity_id, last.values)
+            page = replace(query, limit=20)
+
+            def read(txn: Any, page: Query = page, after: After = after) -> list[StoredState]:
+                plan = plan_query(page)
+                return fetch_in(txn, storage._dbs, "rows", page, plan=plan, budget=64, after=after)
+
+            found = storage._read(read)
+            wanted = whole[middle + 1 : middle + 21]
+            assert [s.state.entity_id for s in found] == [s.state.entity_id for s in wanted]
     finally:
         await storage.close()
 

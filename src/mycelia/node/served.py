@@ -13,13 +13,14 @@ Invariants:
   it. An update sends a change's own events when the peer holds the head before it and
   they are small; otherwise a snapshot or a bridge.
 - An answer holds about :data:`READ_BYTES` of its result's rows. A light query without
-  LIMIT is read a page at a time in id order (keyset paging: the peer orders its result
-  itself), so its first page is sent before the rest is read. Any other query is ranked
-  first, keeping its first rows whole and only the ids and heads of the rest: it reads
-  those again from storage a batch of about ``READ_BYTES`` at a time as it yields them;
-  a row changed since it was ranked is sent only if it still belongs to the result. A
-  change committed after its row was read is fed to the subscription once the answer is
-  built.
+  LIMIT is read a page at a time (keyset paging: the peer orders its result itself), in
+  the order of the field its index plan reads, or by id without one, so that each page
+  costs about its own rows; its first page is sent before the rest is read. Any other
+  query is ranked first, keeping its first rows whole and only the ids and heads of the
+  rest: it reads those again from storage a batch of about ``READ_BYTES`` at a time as it
+  yields them; a row changed since it was ranked is sent only if it still belongs to the
+  result. A change committed after its row was read is fed to the subscription once the
+  answer is built.
 - Every row sent passes the policy's ``can_read`` for the standing's credentials. An
   entity the peer may not read gets the same delta as one that does not exist:
   ``matches=False``, with no data.
@@ -52,10 +53,11 @@ from mycelia.node.ranks import Ranks
 from mycelia.proto import Clock, EntityId, EntityState
 from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.peering import Delta, KnownEntity
-from mycelia.proto.query import Query, evaluate, order_key
+from mycelia.proto.query import After, OrderKey, Query, evaluate, order_key
 from mycelia.proto.query.compile import Compiled, compile_predicate
 from mycelia.proto.query.syntax import cost
 from mycelia.storage import StorageEngine
+from mycelia.storage.plan import plan_query
 
 __all__ = ["PAGE_LIMIT", "Loader", "ServedQueries", "ServedQuery"]
 
@@ -231,15 +233,15 @@ class ServedQueries:
         return ranked
 
     async def _stream(self, standing: ServedQuery) -> AsyncIterator[EntityState]:
-        """The result of a light query without LIMIT, read from storage a page at a time in
-        id order (keyset paging, ``fetch(..., after=...)``): the first page is on the wire
-        before the rest is read, and an answer holds about one page however large its
-        result is. The first page takes :data:`_FIRST_READ` rows, each next one about
-        twice as many, up to about :data:`READ_BYTES`. Rows the peer may not read are
-        skipped; a row committed to after its page was read reaches the subscription
-        after the answer (see :mod:`mycelia.node.serving`)."""
+        """The result of a light query without LIMIT, read from storage a page at a time
+        (keyset paging, ``fetch(..., after=...)``, in :func:`_paging_order`): the first
+        page is on the wire before the rest is read, and an answer holds about one page
+        however large its result is. The first page takes :data:`_FIRST_READ` rows, each
+        next one about twice as many, up to about :data:`READ_BYTES`. Rows the peer may not
+        read are skipped; a row committed to after its page was read reaches the
+        subscription after the answer (see :mod:`mycelia.node.serving`)."""
         collection, credentials = standing.collection, standing.credentials
-        query, can_read = replace(live_only(standing.query), order_by=()), self._policy.can_read
+        query, can_read = _paging_order(live_only(standing.query)), self._policy.can_read
         after, count = None, _FIRST_READ
         while True:
             page = await self._storage.fetch(collection, replace(query, limit=count), after=after)
@@ -251,8 +253,9 @@ class ServedQueries:
                     yield state
             if len(page) < count:
                 return
-            after = page[-1].state.entity_id
-            del page
+            last = page[-1]
+            after = After.row(query, last.state.entity_id, last.values)
+            del page, last
             count = _next_read(count, size)
 
     async def _read(self, standing: ServedQuery, ranked: _Ranked) -> AsyncIterator[EntityState]:
@@ -355,6 +358,17 @@ class _Ranked:
     def ids(self) -> set[EntityId]:
         """The result's ids."""
         return {s.entity_id for s in self.first} | {entity_id for entity_id, _ in self.rest}
+
+
+def _paging_order(query: Query) -> Query:
+    """The order an answer of ``query`` is read in a page at a time (the peer orders its
+    result itself): by the field its index plan reads when it has one, so each page walks
+    the index from where the last one stopped, else by id. (By id, a plan's every page
+    would read and sort all its candidates: 40,000 rows took 7.4 s instead of 0.6.)"""
+    plan = plan_query(replace(query, order_by=(), limit=1))
+    if plan is None or not plan.ranges:
+        return replace(query, order_by=())
+    return replace(query, order_by=(OrderKey((plan.field,)),))
 
 
 def _next_read(count: int, size: int) -> int:

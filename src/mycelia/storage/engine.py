@@ -47,7 +47,7 @@ import msgpack
 from mycelia.errors import DecodeError, StorageCorrupt, StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId, Limits
 from mycelia.proto.codec import canonical_value, pack
-from mycelia.proto.query import Query
+from mycelia.proto.query import After, Query
 from mycelia.retrieval import EntityStore, StoredState
 
 __all__ = [
@@ -212,14 +212,16 @@ class StorageEngine(EntityStore, Protocol):
         ...
 
     async def fetch(
-        self, collection: str, query: Query, *, after: EntityId | None = None
+        self, collection: str, query: Query, *, after: After | None = None
     ) -> list[StoredState]:
         """The states of ``collection`` matching the bound ``query``, in its order, at most
         its limit: exactly ``sort_rows`` over :meth:`scan` (ARCHITECTURE.md §8), pushed
-        down where the engine can. With ``after``, over only the rows whose id sorts after
-        it: a query without ORDER BY is in id order, so its result is read a page at a
-        time by passing the last id of each page (keyset paging; a page costs about its
-        rows, not the collection's). Raises InvalidArgument if ``query`` has placeholders."""
+        down where the engine can. With ``after`` (a keyset position, ``After.row`` of the
+        last row read), only the rows after it in the query's order: a result is read a
+        page at a time. A page costs about its own rows, not the result's, when the query
+        has no ORDER BY (id order) or is ordered by the field its index plan reads (an
+        ordered plan: see :mod:`mycelia.storage.plan`). Raises InvalidArgument if
+        ``query`` has placeholders."""
         ...
 
     async def read_since(self, offset: int, *, limit: int = 1000) -> list[FeedEntry]:

@@ -41,7 +41,7 @@ import lmdb
 
 from mycelia.errors import StorageCorrupt, StorageError, StorageReadOnly
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
-from mycelia.proto.query import Query
+from mycelia.proto.query import After, Query
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
 from mycelia.retrieval.readahead import events_with_ancestors
 from mycelia.storage.engine import (
@@ -266,10 +266,10 @@ class LmdbStorage:
         return await self._read_large(read, len(ids))
 
     async def fetch(
-        self, collection: str, query: Query, *, after: EntityId | None = None
+        self, collection: str, query: Query, *, after: After | None = None
     ) -> list[StoredState]:
         """The states of ``collection`` matching the bound ``query``, in its order, at most
-        its limit: exactly ``sort_rows`` over :meth:`scan` (over the ids after ``after``),
+        its limit: exactly ``sort_rows`` over :meth:`scan` (after the position ``after``),
         read through the field index when the query has an indexable conjunct (see
         :mod:`mycelia.storage.plan`).
 

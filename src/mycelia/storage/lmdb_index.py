@@ -24,9 +24,11 @@ Invariants:
   superset of the matching rows (see :mod:`mycelia.storage.plan`), the whole predicate is
   evaluated on each, and the order is either the index walk of an ordered plan or
   ``sort_rows`` itself.
-- With ``after`` it reads the ids after it only, and a query without ORDER BY stops at
-  its limit in id order (the collection's ids ascending; a plan's ids sorted first): a
-  page of a keyset-paged answer reads about its own rows, not the rest of the result.
+- With ``after`` (a keyset position) it returns the rows after it only. A query without
+  ORDER BY reads the ids after it only and stops at its limit in id order (the
+  collection's ids ascending; a plan's ids sorted first), and an ordered plan's walk
+  starts at the position (:func:`_plan_ids`): a page of a keyset-paged answer reads about
+  its own rows, not the rest of the result.
 - With a ``budget`` it raises :class:`OverBudget` as soon as it would read more candidate
   rows than that, so the caller can redo the read off the event loop.
 """
@@ -39,16 +41,25 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from mycelia.errors import StorageCorrupt
 from mycelia.proto import EntityId
 from mycelia.proto.ids import ID_LENGTH
-from mycelia.proto.query import MATCH_ALL, Placeholder, Query, encode_key, evaluate, sort_rows
+from mycelia.proto.query import (
+    MATCH_ALL,
+    After,
+    Placeholder,
+    Query,
+    encode_key,
+    evaluate,
+    invert_key,
+    sort_rows,
+)
 from mycelia.proto.query.compile import compile_predicate
 from mycelia.retrieval import StoredState
 from mycelia.storage.lmdb_format import Databases, stored_state, stored_values
-from mycelia.storage.plan import IndexPlan, KeyRange, index_entries
+from mycelia.storage.plan import IndexPlan, KeyRange, index_entries, successor
 
 if TYPE_CHECKING:
     import lmdb
@@ -75,6 +86,7 @@ _HASHED: Final = b"\xfe"
 _LONG: Final = b"\xff"
 Entry = tuple[bytes, bytes]
 """(value key, entity id) of one index entry."""
+T = TypeVar("T")
 
 
 class OverBudget(Exception):
@@ -135,21 +147,23 @@ def fetch_in(
     *,
     plan: IndexPlan | None,
     budget: int | None,
-    after: bytes | None = None,
+    after: After | None = None,
 ) -> list[StoredState]:
     """The states of ``collection`` matching the bound ``query``, in its order, at most its
     limit (see the module docstring); ``plan`` from ``plan_query(query)``; with ``after``,
-    among the ids after it only."""
+    those after that position only."""
     if plan is not None and plan.ordered:
         return _walk_in_order(txn, dbs, collection, query, plan=plan, budget=budget, after=after)
+    # Without ORDER BY a position is an id: the ids after it only.
+    first = after.entity_id if after is not None and not query.order_by else None
     candidates: Iterable[bytes]
     if plan is None:  # ids ascending: a query without ORDER BY stops at its limit
-        candidates = _collection_ids(txn, dbs[b"by_collection"], collection, after)
+        candidates = _collection_ids(txn, dbs[b"by_collection"], collection, first)
         wanted = query.limit if not query.order_by and isinstance(query.limit, int) else -1
     else:
         candidates = _plan_ids(txn, dbs, collection, plan, budget)
-        if after is not None:
-            candidates = (entity_id for entity_id in candidates if entity_id > after)
+        if first is not None:
+            candidates = _above(candidates, first)
         wanted = -1
         if not query.order_by and isinstance(query.limit, int):  # a page: its first ids
             candidates, wanted = sorted(set(_bounded(candidates, budget))), query.limit
@@ -167,7 +181,8 @@ def fetch_in(
             if len(kept) == wanted:
                 break
     rows = [(entity_id, stored.values) for entity_id, stored in kept.items()]
-    return [kept[i] for i, _ in sort_rows(rows, replace(query, predicate=MATCH_ALL.predicate))]
+    everything = replace(query, predicate=MATCH_ALL.predicate)
+    return [kept[i] for i, _ in sort_rows(rows, everything, after=after)]
 
 
 def _walk_in_order(
@@ -178,16 +193,14 @@ def _walk_in_order(
     *,
     plan: IndexPlan,
     budget: int | None,
-    after: bytes | None,
+    after: After | None,
 ) -> list[StoredState]:
-    """Walk an ordered plan's ranges in the query's order (ids after ``after`` only),
+    """Walk an ordered plan's ranges in the query's order (from the position ``after``),
     stopping at the limit."""
     limit = query.limit
     assert not isinstance(limit, Placeholder)  # the caller checked the query is bound
     states = dbs[b"states"]
-    walk = _plan_ids(txn, dbs, collection, plan, budget)
-    if after is not None:
-        walk = (entity_id for entity_id in walk if entity_id > after)
+    walk = _plan_ids(txn, dbs, collection, plan, budget, after=after)
     found: list[StoredState] = []
     for entity_id in _bounded(walk, budget):
         value = txn.get(entity_id, db=states)
@@ -201,11 +214,11 @@ def _walk_in_order(
     return found
 
 
-def _bounded(ids: Iterable[bytes], budget: int | None) -> Iterator[bytes]:
-    for count, entity_id in enumerate(ids, 1):
+def _bounded(items: Iterable[T], budget: int | None) -> Iterator[T]:
+    for count, item in enumerate(items, 1):
         if budget is not None and count > budget:
             raise OverBudget
-        yield entity_id
+        yield item
 
 
 def _collection_ids(
@@ -224,23 +237,71 @@ def _collection_ids(
 
 
 def _plan_ids(
-    txn: Txn, dbs: Databases, collection: str, plan: IndexPlan, budget: int | None
+    txn: Txn,
+    dbs: Databases,
+    collection: str,
+    plan: IndexPlan,
+    budget: int | None,
+    *,
+    after: After | None = None,
 ) -> Iterator[bytes]:
     """Entity ids in the plan's ranges in walk order (:meth:`IndexPlan.walk_key`): by
-    (key, id), or for a descending ordered plan by key descending, ids ascending."""
+    (key, id), or for a descending ordered plan by key descending, ids ascending; with
+    ``after`` (an ordered plan's: its key is the walk's), those after it only, the walk
+    starting at it (:func:`_from`)."""
     prefix = field_prefix(collection, plan.field)
     cursor = txn.cursor(db=dbs[b"by_field"])
     walk: Callable[[Cursor, bytes, KeyRange], Iterator[Entry]] = _ascending
     ranges: Iterable[KeyRange] = plan.ranges
     if plan.ordered and plan.descending:
         walk, ranges = _descending, reversed(plan.ranges)
+    # (Each step a call, not a generator expression: compiled by mypyc, that form walked
+    # the ranges unclipped; the filter below kept the result right, at the old cost.)
+    spans = list(ranges if after is None else _from(ranges, plan, after))
     entries: Iterable[Entry] = itertools.chain.from_iterable(
-        walk(cursor, prefix, r) for r in ranges
+        [walk(cursor, prefix, span) for span in spans]
     )
     long = _long_entries(txn, dbs, prefix, plan, budget)
     if long:
         entries = heapq.merge(entries, long, key=lambda entry: plan.walk_key(*entry))
-    return (entity_id for _, entity_id in entries)
+    if after is not None:  # what the clipped ranges still hold at or before it (counted)
+        entries = _past(_bounded(entries, budget), plan, after)
+    return _ids(entries)
+
+
+def _past(entries: Iterable[Entry], plan: IndexPlan, after: After) -> Iterator[Entry]:
+    for entry in entries:
+        if plan.walk_key(*entry) > after:
+            yield entry
+
+
+def _above(ids: Iterable[bytes], first: bytes) -> Iterator[bytes]:
+    for entity_id in ids:
+        if entity_id > first:
+            yield entity_id
+
+
+def _ids(entries: Iterable[Entry]) -> Iterator[bytes]:
+    for _, entity_id in entries:
+        yield entity_id
+
+
+def _from(ranges: Iterable[KeyRange], plan: IndexPlan, after: After) -> Iterator[KeyRange]:
+    """``ranges`` (in walk order) clipped to the value keys a walk from ``after`` can still
+    meet: ascending, from the position's key up (its entry itself starts the walk: an
+    index key is ``prefix + value key + id``); descending, from its key down (a walk meets
+    that key's ids, ascending, before the keys below)."""
+    if plan.descending:
+        high = successor(invert_key(after.key))
+        for r in ranges:
+            if r.low < high:
+                yield KeyRange(r.low, min(r.high, high))
+        return
+    for r in ranges:
+        if after.key < r.low:
+            yield r
+        elif after.key < r.high:
+            yield KeyRange(after.key + after.entity_id, r.high)
 
 
 def _long_entries(

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping
 
 from mycelia.errors import StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
-from mycelia.proto.query import Query, sort_rows
+from mycelia.proto.query import After, Query, sort_rows
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
 from mycelia.retrieval.readahead import events_with_ancestors
 from mycelia.storage.engine import (
@@ -119,15 +119,17 @@ class MemoryStorage:
         return list(self._by_collection.get(collection, {}).values())
 
     async def fetch(
-        self, collection: str, query: Query, *, after: EntityId | None = None
+        self, collection: str, query: Query, *, after: After | None = None
     ) -> list[StoredState]:
-        """The states of ``collection`` matching the bound ``query`` (among ids after
-        ``after``): the reference executor (``sort_rows``) over :meth:`scan`; raises
-        InvalidArgument for placeholders."""
+        """The states of ``collection`` matching the bound ``query`` (after ``after``): the
+        reference executor (``sort_rows``) over :meth:`scan`; raises InvalidArgument for
+        placeholders."""
         self._check_open()
         states = self._by_collection.get(collection, {})
-        rows = ((i, s.values) for i, s in states.items() if after is None or i > after)
-        ordered = sort_rows(rows, query)
+        rows = ((i, s.values) for i, s in states.items())
+        if after is not None and not query.order_by:  # id order: the ids after it only
+            rows = ((i, v) for i, v in rows if i > after.entity_id)
+        ordered = sort_rows(rows, query, after=after)
         return [states[entity_id] for entity_id, _ in ordered]
 
     async def write(self, batch: WriteBatch) -> WriteResult:

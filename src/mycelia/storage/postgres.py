@@ -78,7 +78,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from mycelia.errors import StorageError
 from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
-from mycelia.proto.query import Query
+from mycelia.proto.query import After, Query
 from mycelia.retrieval import StoredState, WriteBatch, WriteResult
 from mycelia.storage.engine import (
     DumpRecord,
@@ -261,10 +261,10 @@ class PostgresStorage:
         return [StoredState(decode_state(st), decode_values(raw)) for st, raw in rows]
 
     async def fetch(
-        self, collection: str, query: Query, *, after: EntityId | None = None
+        self, collection: str, query: Query, *, after: After | None = None
     ) -> list[StoredState]:
         """The states of ``collection`` matching the bound ``query``, in its order, at most
-        its limit: exactly ``sort_rows`` over :meth:`scan` (over the ids after ``after``),
+        its limit: exactly ``sort_rows`` over :meth:`scan` (after the position ``after``),
         with an indexable conjunct's range pushed down to ``field_keys`` (see the module
         docstring and :mod:`mycelia.storage.postgres_fetch`).
 

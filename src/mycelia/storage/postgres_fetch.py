@@ -4,13 +4,13 @@ row helpers are :mod:`mycelia.storage.postgres_sql`'s.
 
 Invariants:
 
-- ``fetch`` returns exactly ``sort_rows`` over ``scan`` (over the ids after ``after``):
+- ``fetch`` returns exactly ``sort_rows`` over ``scan`` (after the position ``after``):
   what maps exactly is pushed down (one indexed range or set of keys, as parameters: see
   :mod:`mycelia.storage.plan`), the field's long entries are added (kept if their
   recomputed key is in range), the whole predicate is evaluated in Python on the
   candidates, and the order is either the index's with the long rows merged in (ordered
-  plans with a LIMIT, read through a server-side cursor until LIMIT rows matched) or
-  ``sort_rows``'s.
+  plans with a LIMIT, read through a server-side cursor until LIMIT rows matched, from
+  the position ``after`` on: a ``*_from`` statement) or ``sort_rows``'s.
 - A query without ORDER BY and with a LIMIT, and nothing indexable, walks the
   collection's ids ascending from ``after`` (``states_by_collection``) until LIMIT rows
   matched: a page of a keyset-paged answer reads about its own rows.
@@ -26,12 +26,12 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from mycelia.proto import EntityId
-from mycelia.proto.query import Query
+from mycelia.proto.query import After, Query
 from mycelia.retrieval import StoredState
 from mycelia.storage.plan import IndexPlan, check_bound, matches_nothing, plan_query
 from mycelia.storage.postgres_pool import translate
 from mycelia.storage.postgres_sql import (
+    from_position,
     long_rows,
     matching,
     merge_rows,
@@ -59,10 +59,10 @@ class QueryReader:
         self._statements = statements
 
     async def fetch(
-        self, collection: str, query: Query, *, after: EntityId | None = None
+        self, collection: str, query: Query, *, after: After | None = None
     ) -> list[StoredState]:
         """The states of ``collection`` matching the bound ``query``, in its order, at most
-        its limit (over the ids after ``after``; see the module docstring).
+        its limit (after the position ``after``; see the module docstring).
 
         Raises InvalidArgument if the query has placeholders.
         """
@@ -70,26 +70,33 @@ class QueryReader:
         plan = plan_query(query)
         if matches_nothing(query, plan):
             return []
+        # Without ORDER BY a position is an id: the ids after it only.
+        first = after.entity_id if after is not None and not query.order_by else None
         keys: tuple[object, ...]
         if plan is not None and all(r.point for r in plan.ranges):
             span, keys = "points", ([r.low for r in plan.ranges],)
         elif plan is not None and len(plan.ranges) == 1:
             span, keys = "range", (plan.ranges[0].low, plan.ranges[0].high)
         elif query.order_by or query.limit is None:  # nothing indexable: read the collection
-            if after is None:
-                return sorted_states(await self._read("rows", (collection,)), query)
-            return sorted_states(await self._read("rows_after", (collection, after)), query)
+            if first is None:
+                rows = await self._read("rows", (collection,))
+            else:
+                rows = await self._read("rows_after", (collection, first))
+            return sorted_states(rows, query, after)
         else:  # in id order up to the limit: walk the collection's ids
-            return await self._walk("rows_after", (collection, after or b""), query, None)
+            return await self._walk("rows_after", (collection, first or b""), query, None)
         head = (collection, plan.field.encode("utf-8", "surrogatepass"))
-        long = rows_after(long_rows(await self._read("long_", head), plan), after)
+        long = rows_after(long_rows(await self._read("long_", head), plan), first)
         if not plan.ordered or query.limit is None:
-            rows = rows_after(await self._read(f"{span}_", (*head, *keys)), after)
-            return sorted_states([*rows, *long], query)
+            rows = rows_after(await self._read(f"{span}_", (*head, *keys)), first)
+            return sorted_states([*rows, *long], query, after)
         order = "desc" if plan.descending else "asc"
-        return await self._walk(
-            f"{span}_{order}", (*head, *keys), query, (plan, deque(long)), after=after
-        )
+        if after is None:
+            name, params = f"{span}_{order}", (*head, *keys)
+        else:  # the walk starts at the position; the long rows after it are merged in
+            name, params = f"{span}_{order}_from", (*head, *keys, *from_position(plan, after))
+            long = [row for row in long if plan.walk_key(row[1], bytes(row[0])) > after]
+        return await self._walk(name, params, query, (plan, deque(long)))
 
     async def _walk(
         self,
@@ -97,12 +104,9 @@ class QueryReader:
         params: Sequence[Any],
         query: Query,
         merge: tuple[IndexPlan, deque[tuple[Any, ...]]] | None,
-        *,
-        after: bytes | None = None,
     ) -> list[StoredState]:
         """Read candidates in the query's order through a server-side cursor, in growing
-        chunks (those after ``after`` only), merged with the plan's long rows, until
-        ``query.limit`` of them match."""
+        chunks, merged with the plan's long rows, until ``query.limit`` of them match."""
         limit = query.limit
         assert isinstance(limit, int)
         pending: deque[tuple[Any, ...]] = deque() if merge is None else merge[1]
@@ -117,8 +121,7 @@ class QueryReader:
                 await cursor.execute(self._statements[name], params)
                 size = max(2 * limit, 16)
                 while len(found) < limit and (rows := await cursor.fetchmany(size)):
-                    chunk = rows_after(rows, after)
-                    ordered = chunk if merge is None else merge_rows(chunk, pending, merge[0])
+                    ordered = rows if merge is None else merge_rows(rows, pending, merge[0])
                     found.extend(matching(ordered, query, limit - len(found)))
                     size = min(4 * size, 4096)
         except (psycopg.Error, PoolTimeout) as exc:

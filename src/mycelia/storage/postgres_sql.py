@@ -27,7 +27,7 @@ from typing import Any, Final, TypeVar
 from mycelia.entity import stored_merge
 from mycelia.errors import DecodeError, StorageCorrupt, StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
-from mycelia.proto.query import Query, encode_key, evaluate, sort_rows
+from mycelia.proto.query import After, Query, encode_key, evaluate, invert_key, sort_rows
 from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage.engine import STORED_LIMITS, decode_values, encode_values
 from mycelia.storage.plan import IndexPlan, index_entries
@@ -43,6 +43,7 @@ __all__ = [
     "admitted",
     "clock",
     "decode_state",
+    "from_position",
     "jsonable",
     "key_columns",
     "long_rows",
@@ -262,14 +263,27 @@ _ORDERS: Final = {
     "asc": " ORDER BY i.key, i.entity_id",
     "desc": " ORDER BY i.key DESC, i.entity_id",
 }
-QUERIES: Final = _STATEMENTS | {
-    f"{span}_{order}": _CANDIDATES + where + by
-    for span, where in _SPANS.items()
-    for order, by in _ORDERS.items()
+_FROM: Final = {
+    "asc": " AND (i.key, i.entity_id) > (%b, %b)",
+    "desc": " AND (i.key < %b OR (i.key = %b AND i.entity_id > %b))",
 }
+QUERIES: Final = (
+    _STATEMENTS
+    | {
+        f"{span}_{order}": _CANDIDATES + where + by
+        for span, where in _SPANS.items()
+        for order, by in _ORDERS.items()
+    }
+    | {
+        f"{span}_{order}_from": _CANDIDATES + _SPANS[span] + start + _ORDERS[order]
+        for span in ("points", "range")
+        for order, start in _FROM.items()
+    }
+)
 """Every statement by name, ``{s}`` standing for the schema; ``points_*``, ``range_*`` and
 ``long_*`` read ``fetch`` candidates (entity id, key, state, values msgpack) unordered,
-``asc`` or ``desc``."""
+``asc`` or ``desc``; ``*_from`` ones from a keyset position on (its value key and id,
+the key twice for ``desc``: :func:`from_position`)."""
 MAX_INDEXED_KEY: Final = 1024
 """Longest value key stored in ``field_keys.key`` (a btree entry must fit a third of a
 page); longer ones are stored as NULL — a *long* entry, read and merged in by ``fetch``."""
@@ -340,11 +354,24 @@ def rows_after(rows: Iterable[_Row], after: bytes | None) -> list[_Row]:
     return list(rows) if after is None else [row for row in rows if bytes(row[0]) > after]
 
 
-def sorted_states(rows: Sequence[Sequence[Any]], query: Query) -> list[StoredState]:
-    """``sort_rows`` over (entity id, key, state, values msgpack) rows, states decoded last."""
+def from_position(plan: IndexPlan, after: After) -> tuple[bytes, ...]:
+    """The parameters a ``*_from`` statement of an ordered ``plan`` takes for ``after``
+    (whose key is the walk's, so a descending plan's is inverted)."""
+    if plan.descending:
+        key = invert_key(after.key)
+        return key, key, after.entity_id
+    return after.key, after.entity_id
+
+
+def sorted_states(
+    rows: Sequence[Sequence[Any]], query: Query, after: After | None = None
+) -> list[StoredState]:
+    """``sort_rows`` over (entity id, key, state, values msgpack) rows (those after the
+    position ``after``), states decoded last."""
     states = {EntityId._trusted(bytes(e)): st for e, _, st, _ in rows}
     values = [(EntityId._trusted(bytes(e)), decode_values(raw)) for e, _, _, raw in rows]
-    return [StoredState(decode_state(states[e]), v) for e, v in sort_rows(values, query)]
+    ordered = sort_rows(values, query, after=after)
+    return [StoredState(decode_state(states[e]), v) for e, v in ordered]
 
 
 def matching(rows: Sequence[Sequence[Any]], query: Query, wanted: int) -> list[StoredState]:

@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from mycelia.errors import StorageError
 from mycelia.proto import AdmittedEvent, EntityId
-from mycelia.proto.query import Query
+from mycelia.proto.query import After, Query
 from mycelia.retrieval import WriteBatch
 from mycelia.storage.engine import StorageEngine
 from mycelia.storage.testing_data import engine_content, genesis, state_of, update
@@ -129,8 +129,16 @@ class EngineAgreement(RuleBasedStateMachine):
         bad = state_of([g], {"x": object()})
         self.write_all(WriteBatch((g,), (state_of([g]), bad), (("k1", b"lost"),)))
 
-    @rule(collection=_COLLECTIONS, query=fetch_queries(), after=st.none() | _AFTER)
-    def fetch(self, collection: str, query: Query, after: EntityId | None) -> None:
+    @rule(
+        collection=_COLLECTIONS,
+        query=fetch_queries(),
+        cut=st.none() | st.tuples(_AFTER, _VALUES),
+    )
+    def fetch(
+        self, collection: str, query: Query, cut: tuple[EntityId, dict[str, object]] | None
+    ) -> None:
+        # A position as a page's last row gives one: an id, and a row's values for its key.
+        after = None if cut is None else After.row(query, *cut)
         found = [
             self.run(fetch_matches_scan(engine, collection, query, name=spec.name, after=after))
             for spec, engine in zip(self.specs, self.engines, strict=True)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from mycelia.proto import EntityId
 from mycelia.proto.query import (
+    After,
     And,
     Comparison,
     In,
@@ -28,6 +29,7 @@ from mycelia.proto.query import (
     Op,
     Or,
     OrderKey,
+    Placeholder,
     Predicate,
     Query,
     parse,
@@ -143,16 +145,19 @@ async def fetch_matches_scan(
     query: Query,
     *,
     name: str = "engine",
-    after: EntityId | None = None,
+    after: After | None = None,
 ) -> list[EntityId]:
-    """Assert ``fetch`` (with ``after``) equals ``sort_rows`` over ``scan`` (the rows whose
-    id sorts after ``after``); returns the ids fetched."""
+    """Assert ``fetch`` (with ``after``) equals ``sort_rows`` over ``scan``: with ``after``,
+    the rows of the whole ordered result that come after that position, up to the limit;
+    returns the ids fetched."""
     fetched = await engine.fetch(collection, query, after=after)
     scanned = {s.state.entity_id: s for s in await engine.scan(collection)}
-    rows = ((i, s.values) for i, s in scanned.items() if after is None or i > after)
-    expected = sort_rows(rows, query)
+    rows = ((i, s.values) for i, s in scanned.items())
+    expected = sort_rows(rows, replace(query, limit=None))
+    if after is not None:
+        expected = [(i, v) for i, v in expected if After.row(query, i, v) > after]
+    wanted = [entity_id for entity_id, _ in expected][: _limit(query)]
     got = [s.state.entity_id for s in fetched]
-    wanted = [entity_id for entity_id, _ in expected]
     assert got == wanted, (
         f"{name}: fetch({query}, after={after!r}) gave {_short(got)}, expected {_short(wanted)}"
     )
@@ -161,19 +166,24 @@ async def fetch_matches_scan(
     return got
 
 
+def _limit(query: Query) -> int | None:
+    assert not isinstance(query.limit, Placeholder)
+    return query.limit
+
+
 async def fetch_pages(
     engine: StorageEngine, collection: str, query: Query, *, size: int
 ) -> list[EntityId]:
-    """The ids of ``query`` (no ORDER BY, no LIMIT) read ``size`` at a time by keyset
-    paging, as a server streams an answer: each page's last id is the next ``after``."""
+    """The ids of ``query`` (no LIMIT) read ``size`` at a time by keyset paging, as a
+    server streams an answer: each page's last row is the next ``after``."""
     ids: list[EntityId] = []
+    after = None
     while True:
-        page = await engine.fetch(
-            collection, replace(query, limit=size), after=ids[-1] if ids else None
-        )
+        page = await engine.fetch(collection, replace(query, limit=size), after=after)
         ids.extend(s.state.entity_id for s in page)
         if len(page) < size:
             return ids
+        after = After.row(query, page[-1].state.entity_id, page[-1].values)
 
 
 async def check_fetch_on(
@@ -214,10 +224,21 @@ async def _run_queries(
             got = await fetch_matches_scan(engine, "items", each, name=name)
             wanted = [i for i, _ in sort_rows(model.items(), each)]
             assert got == wanted, f"{name}: fetch({each}) does not match what was written"
-            await fetch_matches_scan(engine, "items", each, name=name, after=middle)
-            if not each.order_by and each.limit is None:
+            for position in _positions(each, middle, model):
+                await fetch_matches_scan(engine, "items", each, name=name, after=position)
+            if each.limit is None:
                 paged = await fetch_pages(engine, "items", each, size=2)
                 assert paged == got, f"{name}: fetch({each}) read in pages differs"
+
+
+def _positions(
+    query: Query, middle: EntityId, model: dict[EntityId, Mapping[str, object]]
+) -> list[After]:
+    """Positions to read ``query`` from: the middle row's, and a row's key with an id
+    that is no row's (between rows of one key, or past them)."""
+    values = model[middle]
+    return [After.row(query, middle, values), After.row(query, bytes(32), values),
+            After.row(query, b"\xff" * 32, values)]  # fmt: skip
 
 
 def _and(left: Predicate, right: Predicate) -> Predicate:

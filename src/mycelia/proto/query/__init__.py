@@ -45,11 +45,11 @@ Predicates (two-valued logic, never an error for any stored value):
 Order: ORDER BY sorts by the collation, nulls first in ASC and last in DESC, then by entity
 id ascending; LIMIT applies after ordering. Without ORDER BY rows come in id order.
 :func:`order_key` is the row's byte key (DESC columns byte-inverted), :func:`sort_rows` the
-reference executor.
+reference executor, an :class:`After` a keyset position in that order (paging).
 """
 
 from mycelia.proto.query.evaluate import evaluate, holds
-from mycelia.proto.query.execute import sort_rows
+from mycelia.proto.query.execute import After, sort_rows
 from mycelia.proto.query.keys import encode_key, invert_key, order_key, sort_key
 from mycelia.proto.query.lexer import MAX_QUERY_LENGTH
 from mycelia.proto.query.parser import MAX_DEPTH, parse
@@ -74,6 +74,7 @@ __all__ = [
     "MATCH_ALL",
     "MAX_DEPTH",
     "MAX_QUERY_LENGTH",
+    "After",
     "And",
     "Collation",
     "Comparison",
