@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 from mycelia.errors import DecodeError, PayloadTooLarge
-from mycelia.proto import DEFAULT_LIMITS, EntityId, EventId, Limits, schema
+from mycelia.proto import DEFAULT_LIMITS, EntityId, EventId, Limits, NodeId, schema
 from mycelia.proto.schema import Record, record, wire
 
 ID = EventId(b"\x05" * 32)
@@ -90,3 +90,20 @@ def test_bytes_of_a_fixed_length_or_a_maximum() -> None:
         exact.decode(b"abc", "x", DEFAULT_LIMITS)
     with pytest.raises(PayloadTooLarge):
         bounded.decode(b"abc", "x", DEFAULT_LIMITS)
+
+
+def test_decoded_entity_and_event_ids_are_the_shared_objects_of_their_kind() -> None:
+    """A subscriber decodes the same ids in every delta and clock: each decode yields the
+    one shared object (no copy for the garbage collector to promote), of the right kind."""
+    entity, head = b"\x01" * 32, b"\x07" * 32
+    first = _decode(Pair, [entity, [head, head], None, False])
+    second = _decode(Pair, [entity, [head], None, False])
+    assert isinstance(first, Pair)
+    assert isinstance(second, Pair)
+    assert type(first.first) is EntityId
+    assert all(type(h) is EventId for h in first.heads)
+    assert first.first is second.first
+    assert first.heads[0] is first.heads[1] is second.heads[0]
+    node = schema.NODE_ID.decode(b"\x09" * 32, "node", DEFAULT_LIMITS)
+    assert type(node) is NodeId
+    assert node == b"\x09" * 32

@@ -48,7 +48,14 @@ from typing import (
 from mycelia.errors import DecodeError, InvalidArgument, PayloadTooLarge
 from mycelia.proto.codec import expect_bytes, expect_int, expect_list, expect_name, expect_str
 from mycelia.proto.event import Event
-from mycelia.proto.ids import ID_LENGTH, EntityId, EventId, NodeId
+from mycelia.proto.ids import (
+    ID_LENGTH,
+    EntityId,
+    EventId,
+    NodeId,
+    shared_entity_id,
+    shared_event_id,
+)
 from mycelia.proto.limits import Limits
 from mycelia.proto.state import EntityState
 
@@ -160,23 +167,26 @@ class _Name(_Plain):
 
 @dataclass(frozen=True, slots=True)
 class _Id(_Plain, Generic[I]):
+    """An id of kind ``I``, made by ``make`` from 32 checked bytes: the shared object of
+    an entity or event id (:func:`~mycelia.proto.ids.shared_entity_id`), so that a
+    subscriber's decoded deltas and clocks hold no copies of their own for the garbage
+    collector to promote and walk; a new one of other kinds."""
+
     kind: type[I]
+    make: Callable[[bytes], I]
 
     def decode(self, obj: object, what: str, limits: Limits) -> I:
         if type(obj) is not bytes or len(obj) != ID_LENGTH:
             obj = expect_bytes(obj, what, length=ID_LENGTH)  # raises but for a bytes subclass
-        return _new_id(self.kind, obj)  # type: ignore[no-any-return]  # checked just above
+        return self.make(obj)
 
     def decode_all(self, items: list[object], what: str) -> tuple[I, ...]:
         """Many ids at once (the hot path of clocks and id lists)."""
         for item in items:
             if type(item) is not bytes or len(item) != ID_LENGTH:
                 expect_bytes(item, what, length=ID_LENGTH)  # raises but for a bytes subclass
-        kind = self.kind
-        return tuple([_new_id(kind, item) for item in items])
-
-
-_new_id: Callable[..., Any] = bytes.__new__
+        make = self.make
+        return tuple([make(item) for item in items])  # type: ignore[arg-type]  # checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,9 +310,9 @@ BOOL: Final = _Bool()
 """A boolean (an integer is taken for its truth, as msgpack peers may send one)."""
 NAME: Final = _Name()
 """A collection name (``proto.codec.NAME_PATTERN``, at most ``max_name_length``)."""
-ENTITY_ID: Final = _Id(EntityId)
-EVENT_ID: Final = _Id(EventId)
-NODE_ID: Final = _Id(NodeId)
+ENTITY_ID: Final = _Id(EntityId, shared_entity_id)
+EVENT_ID: Final = _Id(EventId, shared_event_id)
+NODE_ID: Final = _Id(NodeId, NodeId._trusted)
 EVENTS: Final = _Events()
 """Events as their canonical bytes, each re-hashed on decode (at most ``max_batch_events``)."""
 COMMITS: Final = _Commits()
