@@ -59,7 +59,7 @@ from mycelia.proto.query import (
 from mycelia.proto.query.compile import compile_predicate
 from mycelia.retrieval import StoredState
 from mycelia.storage.lmdb_format import Databases, stored_state, stored_values
-from mycelia.storage.plan import IndexPlan, KeyRange, index_entries, successor
+from mycelia.storage.plan import IndexPlan, KeyRange, first_id, index_entries, successor
 
 if TYPE_CHECKING:
     import lmdb
@@ -154,8 +154,7 @@ def fetch_in(
     those after that position only."""
     if plan is not None and plan.ordered:
         return _walk_in_order(txn, dbs, collection, query, plan=plan, budget=budget, after=after)
-    # Without ORDER BY a position is an id: the ids after it only.
-    first = after.entity_id if after is not None and not query.order_by else None
+    first = first_id(query, after)
     candidates: Iterable[bytes]
     if plan is None:  # ids ascending: a query without ORDER BY stops at its limit
         candidates = _collection_ids(txn, dbs[b"by_collection"], collection, first)

@@ -46,6 +46,7 @@ from typing import Final
 
 from mycelia.errors import InvalidArgument, StorageError
 from mycelia.proto.query import (
+    After,
     And,
     Comparison,
     Const,
@@ -65,6 +66,7 @@ __all__ = [
     "KeyRange",
     "check_bound",
     "conjuncts",
+    "first_id",
     "index_entries",
     "matches_nothing",
     "plan_query",
@@ -164,6 +166,13 @@ def check_bound(query: Query) -> None:
     """Raise InvalidArgument if ``query`` still has placeholders (as ``sort_rows`` does)."""
     if query.placeholders:
         raise InvalidArgument("the query has an unbound '?': call Query.bind first")
+
+
+def first_id(query: Query, after: After | None) -> bytes | None:
+    """Where a read of ``query`` in id order starts: without ORDER BY a position is an id,
+    and only the ids after it are read (``None``: from the first id, or an ordered query,
+    whose position is not an id)."""
+    return after.entity_id if after is not None and not query.order_by else None
 
 
 def matches_nothing(query: Query, plan: IndexPlan | None) -> bool:

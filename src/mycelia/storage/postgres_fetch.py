@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from mycelia.proto.query import After, Query
 from mycelia.retrieval import StoredState
-from mycelia.storage.plan import IndexPlan, check_bound, matches_nothing, plan_query
+from mycelia.storage.plan import IndexPlan, check_bound, first_id, matches_nothing, plan_query
 from mycelia.storage.postgres_pool import translate
 from mycelia.storage.postgres_sql import (
     from_position,
@@ -70,8 +70,7 @@ class QueryReader:
         plan = plan_query(query)
         if matches_nothing(query, plan):
             return []
-        # Without ORDER BY a position is an id: the ids after it only.
-        first = after.entity_id if after is not None and not query.order_by else None
+        first = first_id(query, after)
         keys: tuple[object, ...]
         if plan is not None and all(r.point for r in plan.ranges):
             span, keys = "points", ([r.low for r in plan.ranges],)
