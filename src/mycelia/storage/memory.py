@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping
+from typing import Final
 
 from mycelia.errors import StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
@@ -41,14 +42,25 @@ _Row = tuple[EntityId, str, bytes | Clock]
 nearly every row) is kept as its id's bytes; a wider one as the state's own clock (copying
 its ids would cost O(width) a write)."""
 
+MEMORY_RECENT_EVENTS: Final = 256
+"""How many events a MemoryStorage keeps decoded (the durable engines keep
+:data:`~mycelia.storage.recent.RECENT_EVENTS`, which saves them a read; here it saves only a
+decode)."""
+
 
 class MemoryStorage:
     """An in-memory storage engine."""
 
     def __init__(self) -> None:
-        # Keys are plain bytes (an id object is one more tracked object per event).
-        self._events: dict[bytes, bytes] = {}  # event id -> generation (8 bytes) + event
-        self._recent = RecentEvents()  # written or read lately, decoded
+        # Keys are plain bytes (an id object is one more tracked object per event). Each
+        # value holds the event's own canonical bytes object, not a copy: a client's store
+        # and the events it has decoded share one. (A pair of atomic values is a tuple the
+        # garbage collector stops tracking.)
+        self._events: dict[bytes, tuple[int, bytes]] = {}  # event id -> (generation, event)
+        # Written or read lately, decoded: few, since the bytes are at hand (a decoded event
+        # is a dozen objects; a client holding thousands of them pays in memory and in full
+        # collections, while a commit or an ingest reads the latest events, its parents).
+        self._recent = RecentEvents(events=MEMORY_RECENT_EVENTS)
         self._by_entity: dict[bytes, list[bytes]] = {}  # entity id -> its event ids
         self._states: dict[EntityId, StoredState] = {}
         self._by_collection: dict[str, dict[EntityId, StoredState]] = {}
@@ -82,10 +94,8 @@ class MemoryStorage:
         """A stored event (decoded unless it is among the recent ones)."""
         event = self._recent.get(event_id)
         if event is None:
-            raw = self._events[event_id]
-            event = AdmittedEvent(
-                Event.from_bytes(raw[8:], limits=STORED_LIMITS), int.from_bytes(raw[:8], "big")
-            )
+            generation, canonical = self._events[event_id]
+            event = AdmittedEvent(Event.from_bytes(canonical, limits=STORED_LIMITS), generation)
         return event
 
     def _find(self, event_id: EventId) -> AdmittedEvent | None:
@@ -151,7 +161,7 @@ class MemoryStorage:
             event_id = event.id
             if event_id not in events:
                 plain = bytes(event_id)
-                events[plain] = event.generation.to_bytes(8, "big") + event.event.canonical
+                events[plain] = (event.generation, event.event.canonical)
                 of_entity = by_entity.get(event.entity_id)
                 if of_entity is None:
                     of_entity = by_entity[bytes(event.entity_id)] = []
@@ -259,7 +269,7 @@ class MemoryStorage:
         one another in cycles)."""
         self._closed = True
         self._events.clear()
-        self._recent = RecentEvents()
+        self._recent = RecentEvents(events=MEMORY_RECENT_EVENTS)
         self._by_entity.clear()
         self._states.clear()
         self._by_collection.clear()
