@@ -167,12 +167,11 @@ class _Name(_Plain):
 
 @dataclass(frozen=True, slots=True)
 class _Id(_Plain, Generic[I]):
-    """An id of kind ``I``, made by ``make`` from 32 checked bytes: the shared object of
-    an entity or event id (:func:`~mycelia.proto.ids.shared_entity_id`), so that a
-    subscriber's decoded deltas and clocks hold no copies of their own for the garbage
-    collector to promote and walk; a new one of other kinds."""
+    """An id, made by ``make`` from 32 checked bytes: the shared object of an entity or
+    event id (:func:`~mycelia.proto.ids.shared_entity_id`), so that a subscriber's decoded
+    deltas and clocks hold no copies of their own for the garbage collector to promote and
+    walk; a new one of other kinds."""
 
-    kind: type[I]
     make: Callable[[bytes], I]
 
     def decode(self, obj: object, what: str, limits: Limits) -> I:
@@ -310,9 +309,9 @@ BOOL: Final = _Bool()
 """A boolean (an integer is taken for its truth, as msgpack peers may send one)."""
 NAME: Final = _Name()
 """A collection name (``proto.codec.NAME_PATTERN``, at most ``max_name_length``)."""
-ENTITY_ID: Final = _Id(EntityId, shared_entity_id)
-EVENT_ID: Final = _Id(EventId, shared_event_id)
-NODE_ID: Final = _Id(NodeId, NodeId._trusted)
+ENTITY_ID: Final = _Id(shared_entity_id)
+EVENT_ID: Final = _Id(shared_event_id)
+NODE_ID: Final = _Id(NodeId._trusted)
 EVENTS: Final = _Events()
 """Events as their canonical bytes, each re-hashed on decode (at most ``max_batch_events``)."""
 COMMITS: Final = _Commits()

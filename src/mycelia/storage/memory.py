@@ -8,9 +8,11 @@ changes anything, so a failing batch leaves nothing behind.
 Events and feed rows are kept as bytes, as a durable engine keeps them, and decoded when
 read: an ephemeral node holds every event it ever saw, and as objects they were most of
 what the garbage collector walked (about eight tracked objects an event; a full
-collection of an editor's client took 185 ms after 20,000 keystrokes). The events
-written or read lately stay decoded too (:class:`~mycelia.storage.recent.RecentEvents`,
-as in the durable engines), since the next events name them as parents.
+collection of an editor's client took 185 ms after 20,000 keystrokes). A stored event is
+its own canonical bytes, shared with the decoded event it came as. The latest events
+written or read stay decoded too (:class:`~mycelia.storage.recent.RecentEvents`, as in
+the durable engines, but only :data:`MEMORY_RECENT_EVENTS` of them), since the next
+events name them as parents.
 """
 
 from __future__ import annotations
