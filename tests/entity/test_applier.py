@@ -268,6 +268,44 @@ async def test_a_commit_on_the_held_head_is_admitted_without_a_lookup_and_a_rese
     assert asked.pop() >= {genesis.id}
 
 
+async def test_a_pushed_edit_on_the_held_head_reads_no_stored_event_and_a_resent_one_is_a_no_op(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A subscriber's live edit names the head it holds: the head gives the parents'
+    # generations, so only the event's own id is looked up (reading a parent decodes it).
+    _, note, applier, store, held = await _with_note()
+    asked: list[set[EventId]] = []
+    get_events = store.get_events
+
+    async def counted(ids: Any, **kwargs: Any) -> Any:
+        asked.append(set(ids))
+        return await get_events(ids, **kwargs)
+
+    monkeypatch.setattr(store, "get_events", counted)
+    genesis_head, generation = held.head, held.top_generation  # (the resident moves on)
+    first = _update(note, genesis_head, title="one")
+    result = await applier.ingest([first])
+    assert [e.id for e in result.stored] == [first.id]
+    assert asked == [{first.id}], "the head's parent is not read"
+    assert (await get_events([first.id]))[first.id].generation == generation + 1
+
+    asked.clear()
+    before = await engine_content(store)
+    assert (await applier.ingest([first])).stored == [], "already here: a no-op"
+    assert await engine_content(store) == before
+    assert asked == [{first.id} | set(first.parent)], "no longer on the head: looked up"
+
+    beside = _update(note, genesis_head, rank=3)  # beside the first: its parent left the head
+    asked.clear()
+    result = await applier.ingest([beside])
+    assert [e.id for e in result.stored] == [beside.id]
+    assert asked[0] == {beside.id, *beside.parent}
+    entity = await applier.load(note)
+    assert entity is not None
+    assert entity.head == Clock([first.id, beside.id])
+    assert entity.snapshot().values == {"title": "one", "rank": 3}
+
+
 async def test_a_reset_replaces_an_entity_and_replays_the_kept_local_commits() -> None:
     a = await _server()
     note = await _note(a, title="g")
