@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
+
+import pytest
 
 from mycelia import EntityId, Model, Node
 from mycelia.node import upstream
 from mycelia.node.inprocess import InProcessServer
+from mycelia.node.session import Pushed
+from mycelia.node.upstream import Inboxed
+from mycelia.proto import DEFAULT_LIMITS
+from mycelia.proto.codec import pack
+from mycelia.proto.messages import encode_frame
 from mycelia.proto.peering import Delta, SubscriptionEnded, SubscriptionUpdate
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import MemoryStorage
@@ -64,8 +72,8 @@ async def _applied_together(server_node: Node, client: Node, entity: EntityId) -
             await release.wait()  # the first update is slow to apply
         return await apply_deltas(deltas)
 
-    class Inbox(list[SubscriptionUpdate | SubscriptionEnded]):
-        def append(self, update: SubscriptionUpdate | SubscriptionEnded) -> None:
+    class Inbox(list[Inboxed]):
+        def append(self, update: Inboxed) -> None:
             super().append(update)
             if _events_in(self) == 4:  # (the server may push several commits in one update)
                 read_all.set()
@@ -91,9 +99,10 @@ async def _applied_together(server_node: Node, client: Node, entity: EntityId) -
         assert len(view.head) == 1
 
 
-def _events_in(updates: Iterable[SubscriptionUpdate | SubscriptionEnded]) -> int:
+def _events_in(updates: Iterable[Inboxed]) -> int:
+    decoded = (u.decode() if isinstance(u, Pushed) else u for u in updates)  # (as read: frames)
     return sum(
-        len(d.events) for u in updates if isinstance(u, SubscriptionUpdate) for d in u.deltas
+        len(d.events) for u in decoded if isinstance(u, SubscriptionUpdate) for d in u.deltas
     )
 
 
@@ -124,6 +133,57 @@ async def _one_worker(server_node: Node, client: Node, entity: EntityId) -> None
         assert len(set(workers)) == 1, "a task per update costs a subscriber CPU per event"
 
 
+async def test_a_worker_waiting_for_more_holds_nothing_it_applied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A hundred clients in one process each kept their last step's decoded updates while
+    # idle: objects the garbage collector visited on every full collection.
+    taken: list[SubscriptionUpdate | SubscriptionEnded] = []
+    next_step = upstream._next_step
+
+    def noted(inbox: list[Inboxed]) -> list[SubscriptionUpdate | SubscriptionEnded]:
+        step = next_step(inbox)
+        taken.extend(step)
+        return step
+
+    monkeypatch.setattr(upstream, "_next_step", noted)
+    async with (
+        _served() as (server_node, client, entity),
+        client.context().query(Item, "") as live,
+    ):
+        await _set(server_node, entity, 1)
+
+        async def shows_1() -> bool:
+            return [v.n for v in live.items] == [1]
+
+        await until(client, shows_1)
+        await asyncio.sleep(0)  # (the worker is back waiting for more)
+        assert taken
+        refs = [sys.getrefcount(taken[i]) for i in range(len(taken))]
+        assert refs == [2] * len(taken), "held by taken (and getrefcount's argument) only"
+
+
+async def test_a_malformed_pushed_update_ends_the_session_and_the_next_one_catches_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with _served() as (server_node, client, entity):
+        up = client._upstream
+        async with client.context().query(Item, "") as live:
+            await _set(server_node, entity, 1)  # (the session's worker is running now)
+
+            async def shows(n: int) -> bool:
+                return [v.n for v in live.items] == [n]
+
+            await until(client, lambda: shows(1))
+            session = up._link.session
+            bad = pack([SubscriptionUpdate.TAG, "not a query id", []])
+            assert up.on_update(Pushed(bad, DEFAULT_LIMITS)) is None  # the worker takes it
+            await _set(server_node, entity, 2)
+            await until(client, lambda: shows(2))
+            assert up._link.session is not session, "the session that sent it ended"
+            assert "pushed a malformed update" in caplog.text
+
+
 async def test_a_step_is_a_run_of_event_updates_and_an_update_with_a_state_stands_alone() -> None:
     node = await Node.open(MemoryStorage(), durable=True)
     await node.create_system()
@@ -139,8 +199,9 @@ async def test_a_step_is_a_run_of_event_updates_and_an_update_with_a_state_stand
 
     with_state = SubscriptionUpdate(1, (Delta(entity, "items", True, state, ()),))
     ended = SubscriptionEnded(2, 1, "over")
-    inbox: list[SubscriptionUpdate | SubscriptionEnded] = [
-        events(1), events(2), with_state, events(1), ended, events(2)
+    read = Pushed(encode_frame(events(2)), DEFAULT_LIMITS)  # as read: decoded when taken
+    inbox: list[Inboxed] = [
+        events(1), read, with_state, events(1), ended, events(2)
     ]  # fmt: skip
     steps = []
     while inbox:

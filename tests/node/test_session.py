@@ -6,10 +6,18 @@ import pytest
 
 from mycelia.errors import DecodeError, PresenceRejected, RemoteProtocolError
 from mycelia.node.identity import NodeKey
-from mycelia.node.session import TRANSITIONS, PeerSession, Received, SessionState, Verified
+from mycelia.node.session import (
+    TRANSITIONS,
+    PeerSession,
+    Pushed,
+    Received,
+    SessionState,
+    Verified,
+)
 from mycelia.proto import DEFAULT_LIMITS, EntityId
+from mycelia.proto.codec import pack
 from mycelia.proto.messages import PROTOCOL_VERSION, decode_frame, encode_frame
-from mycelia.proto.peering import Ack, GetRequest, PresenceProof
+from mycelia.proto.peering import Ack, GetRequest, PresenceProof, SubscriptionUpdate
 from mycelia.proto.peering import PresenceRejected as Rejected
 
 ROOT = EntityId(b"\x01" * 32)
@@ -69,6 +77,21 @@ def test_application_frames_pass_up_once_ready() -> None:
     (event,) = a.receive(encode_frame(GetRequest(7, (ROOT,))))
     assert isinstance(event, Received)
     assert event.message == GetRequest(7, (ROOT,))
+
+
+def test_a_pushed_update_passes_up_as_its_frame_and_is_decoded_when_applied() -> None:
+    a, b = pair()
+    handshake(a, b)
+    update = SubscriptionUpdate(3, ())
+    frame = encode_frame(update)
+    (event,) = a.receive(frame)
+    assert isinstance(event, Pushed)
+    assert event.frame is frame, "held as read: no decoded objects wait in a backlog"
+    assert event.decode() == update
+    (bad,) = a.receive(pack([SubscriptionUpdate.TAG, "not a query id", []]))
+    assert isinstance(bad, Pushed)
+    with pytest.raises(DecodeError):
+        bad.decode()  # (its receiver then ends the session)
 
 
 def test_a_request_before_the_proof_is_a_protocol_error() -> None:

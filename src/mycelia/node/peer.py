@@ -49,7 +49,7 @@ from mycelia.node.outstanding import Outstanding, Streamed, seen
 from mycelia.node.peer_parts import Identity, UpdateHandler, answer_size, new_budgets, new_session
 from mycelia.node.policy import Credentials, PeerInfo
 from mycelia.node.ports import Answers, Gate, MakeRequest
-from mycelia.node.session import Faulty, Received, SessionState, Verified
+from mycelia.node.session import Faulty, Pushed, Received, SessionState, Verified
 from mycelia.node.transport import Transport, allow_frames
 from mycelia.proto import NodeId
 from mycelia.proto.messages import PROTOCOL_VERSION, Message, encode_frame
@@ -366,6 +366,8 @@ class PeerConnection:
                 self._verified(event)
             elif isinstance(event, Faulty):
                 self.push(ErrorResponse.of(event.request_id, event.error))
+            elif isinstance(event, Pushed):
+                self._pushed(event)
             else:
                 self._received(event, len(frame))
 
@@ -394,16 +396,19 @@ class PeerConnection:
     def _received(self, event: Received, size: int) -> None:
         msg = event.message
         if isinstance(msg, SubscriptionUpdate | SubscriptionEnded):
-            if self._on_update is None:
-                raise RemoteProtocolError("this node holds no subscription with the peer")
-            work = self._on_update(msg)
-            if work is not None:
-                self.spawn(work)
+            self._pushed(msg)
             return
         if isinstance(msg, REQUESTS):
             self._request(msg, size)
             return
         self._outstanding.answer(msg, size)
+
+    def _pushed(self, update: SubscriptionUpdate | SubscriptionEnded | Pushed) -> None:
+        if self._on_update is None:
+            raise RemoteProtocolError("this node holds no subscription with the peer")
+        work = self._on_update(update)
+        if work is not None:
+            self.spawn(work)
 
     def _request(self, msg: Message, size: int) -> None:
         rid = int(getattr(msg, "request_id", 0))  # every request carries one

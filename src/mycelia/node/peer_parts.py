@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from mycelia.node.budget import Bounds, InFlight, Outgoing, Pool
 from mycelia.node.identity import NodeKey
-from mycelia.node.session import PeerSession
+from mycelia.node.session import PeerSession, Pushed
 from mycelia.proto import EntityId, Limits
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import CHALLENGE_LENGTH, SubscriptionEnded, SubscriptionUpdate
@@ -28,10 +28,10 @@ from mycelia.proto.peering import CHALLENGE_LENGTH, SubscriptionEnded, Subscript
 __all__ = ["Identity", "UpdateHandler", "answer_size", "new_budgets", "new_session"]
 
 UpdateHandler = Callable[
-    [SubscriptionUpdate | SubscriptionEnded], Coroutine[object, object, None] | None
+    [SubscriptionUpdate | SubscriptionEnded | Pushed], Coroutine[object, object, None] | None
 ]
-"""Takes a pushed update as it is read; returns the work to run on a task of the connection
-(``None``: work already running takes it)."""
+"""Takes a pushed update as it is read (an update still its frame: :class:`Pushed`); returns
+the work to run on a task of the connection (``None``: work already running takes it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ from mycelia.node.commits import CommitPipeline
 from mycelia.node.deltas import query_rows
 from mycelia.node.link import Link
 from mycelia.node.ports import MakeRequest, Session, Standing
+from mycelia.node.session import Pushed
 from mycelia.proto import Clock, EntityId, Event, EventId
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
@@ -118,7 +119,7 @@ class Upstream:
         self._has_system = has_system
         self._commits = commits
         self._following: dict[int, Standing] = {}
-        self._inbox: list[SubscriptionUpdate | SubscriptionEnded] = []
+        self._inbox: list[Inboxed] = []
         """Pushed updates read and not applied yet, in order (see :meth:`on_update`)."""
         self._more = asyncio.Event()
         """Set when an update joins the inbox (the session's worker waits on it)."""
@@ -155,9 +156,7 @@ class Upstream:
         if self._serving:
             await asyncio.gather(*self._serving, return_exceptions=True)
 
-    def on_update(
-        self, update: SubscriptionUpdate | SubscriptionEnded
-    ) -> Coroutine[object, object, None] | None:
+    def on_update(self, update: Inboxed) -> Coroutine[object, object, None] | None:
         """Take an update the durable peer pushed for one of our subscriptions (or its end
         of one, see the module docstring), as the connection reads it. The session's first
         update returns the work that applies updates for the rest of the session, for a
@@ -193,13 +192,25 @@ class Upstream:
                     self._more.clear()
                     await self._more.wait()
                     continue
-                await self._apply_step(_next_step(self._inbox))
+                await self._apply_next()
         finally:
             if session == self._sessions:  # (else a new session started afresh meanwhile)
                 self._applying = False
                 # Cancelled with updates waiting (the session is closing): the next session
                 # subscribes again with the heads held here, which brings what they said.
                 self._inbox.clear()
+
+    async def _apply_next(self) -> None:
+        """Apply the next step off the inbox. (Its own frame: a worker waiting for more
+        holds nothing of what it applied, which a hundred clients in one process would keep
+        for the garbage collector to visit.)"""
+        try:
+            step = _next_step(self._inbox)
+        except MyceliaError as exc:  # a malformed frame: its session ends
+            self._inbox.clear()
+            await self._reconnect(f"the durable peer pushed a malformed update ({exc})")
+            return
+        await self._apply_step(step)
 
     async def _apply_step(self, step: list[SubscriptionUpdate | SubscriptionEnded]) -> None:
         first = step[0]
@@ -217,10 +228,14 @@ class Upstream:
                 if live is not None and session is not None:
                     await self._subscribe(session, live, afresh=entities)
         except MyceliaError as exc:
-            log.warning("could not apply an update from the durable peer (%s): reconnecting", exc)
-            session = self._link.session
-            if session is not None:
-                await session.close()
+            await self._reconnect(f"could not apply an update from the durable peer ({exc})")
+
+    async def _reconnect(self, why: str) -> None:
+        """End the session (the next one subscribes again, with the heads held here)."""
+        log.warning("%s: reconnecting", why)
+        session = self._link.session
+        if session is not None:
+            await session.close()
 
     async def _unplaced(self, updates: Sequence[SubscriptionUpdate]) -> dict[int, set[EntityId]]:
         """Per query, the entities of a refused step to ask for whole: those it sent a state
@@ -431,20 +446,31 @@ class Upstream:
         return changes
 
 
-def _next_step(
-    inbox: list[SubscriptionUpdate | SubscriptionEnded],
-) -> list[SubscriptionUpdate | SubscriptionEnded]:
+Inboxed = SubscriptionUpdate | SubscriptionEnded | Pushed
+"""What waits in the inbox: an update read from the connection is still its frame."""
+
+
+def _next_step(inbox: list[Inboxed]) -> list[SubscriptionUpdate | SubscriptionEnded]:
     """Take the next step off ``inbox``: the end of a subscription alone; an update that
     carries a state alone (its base is a head this node holds after the updates before
     it); else the run of updates that carry events only, applied together (in order:
-    parents before children)."""
-    count = 1
-    if _events_only(inbox[0]):
-        while count < len(inbox) and _events_only(inbox[count]):
-            count += 1
-    step = inbox[:count]
-    del inbox[:count]
+    parents before children). The updates it looks at are decoded now, as they are about
+    to be applied (see :class:`~mycelia.node.session.Pushed`); raises the DecodeError of a
+    malformed one, taking nothing off the inbox."""
+    step = [_decoded(inbox, 0)]
+    if _events_only(step[0]):
+        while len(step) < len(inbox) and _events_only(update := _decoded(inbox, len(step))):
+            step.append(update)
+    del inbox[: len(step)]
     return step
+
+
+def _decoded(inbox: list[Inboxed], at: int) -> SubscriptionUpdate | SubscriptionEnded:
+    """The update at ``at``, decoded in its place if it is still its frame."""
+    update = inbox[at]
+    if isinstance(update, Pushed):
+        update = inbox[at] = update.decode()
+    return update
 
 
 def _deltas_of(part: Message) -> tuple[Delta, ...]:
