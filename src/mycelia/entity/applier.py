@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from mycelia.entity import lookups
 from mycelia.entity.admission import admit, admit_fresh, by_entity
 from mycelia.entity.entity import Entity
 from mycelia.entity.locks import EntityLocks
@@ -215,8 +216,8 @@ class Applier:
             earlier: dict[EventId, AdmittedEvent] = {}
             for events in commits:
                 groups = by_entity(events)
-                unsure = [e for i, g in groups.items() if not await self._on_head(i, g) for e in g]
-                wanted = {e.id for e in unsure} | {p for e in unsure for p in e.parent}
+                unsure = {i: g for i, g in groups.items() if not await self._on_head(i, g)}
+                wanted = await self._lookups(unsure)
                 asked = wanted - earlier.keys()
                 known = dict(await self._store.get_events(asked)) if asked else {}
                 known.update((i, earlier[i]) for i in wanted if i in earlier)
@@ -235,29 +236,19 @@ class Applier:
         return result
 
     async def _on_head(self, entity_id: EntityId, group: list[Event]) -> bool:
-        """Whether a peer's events for one entity are surely not stored here, and every
-        parent they need is the head's or their own, so that admitting them needs no
-        storage lookup (a remote commit made on the head this node holds: nearly all).
-
-        On a durable node, once every tip of the head is stored, an event that names only
-        tips (or events of its own group) as parents and is none of them descends from the
-        head, so it is stored only if the head has moved past it. Where this applier is
-        the store's only writer the head is the stored one, so it is not. Where other
-        processes write the store, the resident head may be behind and the event stored by
-        one of them; the engine then joins the state this plan writes with the stored one
-        (:mod:`mycelia.storage.join`, a state CRDT), which makes it the no-op it would have
-        been. A genesis is always looked up: one for an existing entity is a duplicate.
-        """
-        if not self._durable:
-            return False
+        """Whether a peer's events for one entity need no lookup at all: a remote commit
+        made on the head this durable node holds (nearly all; :func:`lookups.on_head`)."""
         entity = await self.load(entity_id)
-        if entity is None or not entity.exists or not await self._placement.history_closed(entity):
-            return False
-        head, ids = entity.head_map, {e.id for e in group}
-        return all(
-            e.parent and e.id not in head and all(p in head or p in ids for p in e.parent)
-            for e in group
+        return (
+            entity is not None
+            and await self._closed(entity)
+            and lookups.on_head(group, entity.head_map)
         )
+
+    async def _closed(self, entity: Entity) -> bool:
+        """Whether this is a durable node holding ``entity`` with every tip of its head
+        stored: where the no-lookup rules of :mod:`~mycelia.entity.lookups` hold."""
+        return self._durable and entity.exists and await self._placement.history_closed(entity)
 
     async def _ingest_once(
         self,
@@ -282,26 +273,16 @@ class Applier:
                     result.errors[entity_id] = exc
 
     async def _lookups(self, groups: Mapping[EntityId, list[Event]]) -> set[EventId]:
-        """The ids to look up in storage before admitting ``groups``: every event's own (a
-        stored one is a no-op) and its parents, but for those in its entity's head here.
-
-        Admission takes a head parent's generation from the head (and a head event is the
-        entity's own), so reading it is wasted: a live edit pushed to a subscriber names
-        the head it was made on, and on an in-memory store reading a parent decodes a
-        stored event (a third of a subscriber's cost per pushed edit, and garbage that
-        lived long enough for a full collection to visit it).
-        """
-        wanted: set[EventId] = set()
+        """The ids to look up before admitting ``groups``: not a parent on its entity's
+        head here (:func:`lookups.wanted`)."""
+        ids: set[EventId] = set()
         for entity_id, group in groups.items():
             try:
                 entity = await self.load(entity_id)
             except MyceliaError:  # planning the group reports it
                 entity = None
-            head = entity.head_map if entity is not None else {}
-            for event in group:
-                wanted.add(event.id)
-                wanted.update(p for p in event.parent if p not in head)
-        return wanted
+            ids |= lookups.wanted(group, entity.head_map if entity is not None else {})
+        return ids
 
     async def _plan(
         self,
@@ -386,22 +367,9 @@ class Applier:
         return result
 
     async def _surely_new(self, entity: Entity, base: ForkBase) -> bool:
-        """Whether an event made on ``base`` needs no lookup in storage before it is written.
-
-        On a durable node, once every tip of the entity's head is stored and the head is
-        still the fork's: where this applier is the store's only writer, every stored event
-        of the entity is then the head or an ancestor of it (§4, admission keeps history
-        closed and every event stored here was placed on the head), and an event made on
-        the head is a child of it, so none is stored. Where other processes write the store
-        (PostgreSQL), one of them may have stored this very event only by making the same
-        edit on the same head; the write is then the no-op the lookup would have made it:
-        the engine inserts an event once and joins the state with the stored one
-        (:mod:`mycelia.storage.join`), as for a remote commit (:meth:`_on_head`). So a
-        local commit there costs no round trip before its write.
-        """
-        if not (self._durable and entity.exists):
-            return False
-        return entity.head_map == base.head and await self._placement.history_closed(entity)
+        """Whether an event made on ``base`` needs no lookup before it is written: the head
+        is still the fork's on a durable node (see :mod:`~mycelia.entity.lookups`)."""
+        return entity.head_map == base.head and await self._closed(entity)
 
     def _plan_fresh(
         self,

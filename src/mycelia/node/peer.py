@@ -60,7 +60,6 @@ from mycelia.proto.peering import (
     ErrorResponse,
     Presence,
     SubscriptionEnded,
-    SubscriptionUpdate,
     expect_response,
 )
 from mycelia.proto.peering import PresenceRejected as PresenceRejectedMessage
@@ -395,7 +394,7 @@ class PeerConnection:
 
     def _received(self, event: Received, size: int) -> None:
         msg = event.message
-        if isinstance(msg, SubscriptionUpdate | SubscriptionEnded):
+        if isinstance(msg, SubscriptionEnded):  # (an update comes as Pushed)
             self._pushed(msg)
             return
         if isinstance(msg, REQUESTS):
@@ -403,7 +402,7 @@ class PeerConnection:
             return
         self._outstanding.answer(msg, size)
 
-    def _pushed(self, update: SubscriptionUpdate | SubscriptionEnded | Pushed) -> None:
+    def _pushed(self, update: Pushed | SubscriptionEnded) -> None:
         if self._on_update is None:
             raise RemoteProtocolError("this node holds no subscription with the peer")
         work = self._on_update(update)

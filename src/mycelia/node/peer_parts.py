@@ -23,13 +23,11 @@ from mycelia.node.identity import NodeKey
 from mycelia.node.session import PeerSession, Pushed
 from mycelia.proto import EntityId, Limits
 from mycelia.proto.messages import Message
-from mycelia.proto.peering import CHALLENGE_LENGTH, SubscriptionEnded, SubscriptionUpdate
+from mycelia.proto.peering import CHALLENGE_LENGTH, SubscriptionEnded
 
 __all__ = ["Identity", "UpdateHandler", "answer_size", "new_budgets", "new_session"]
 
-UpdateHandler = Callable[
-    [SubscriptionUpdate | SubscriptionEnded | Pushed], Coroutine[object, object, None] | None
-]
+UpdateHandler = Callable[[Pushed | SubscriptionEnded], Coroutine[object, object, None] | None]
 """Takes a pushed update as it is read (an update still its frame: :class:`Pushed`); returns
 the work to run on a task of the connection (``None``: work already running takes it)."""
 
