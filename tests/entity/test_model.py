@@ -81,6 +81,21 @@ def test_views_compare_equal_by_value_and_are_unhashable() -> None:
         hash(a)
 
 
+def test_a_view_fills_a_field_when_it_is_first_read_and_keeps_it() -> None:
+    view = _view(length=7, title="Kiss")
+    assert "title" not in vars(view)  # building a view decodes and wraps nothing
+    title = view.title
+    assert view.title is title  # one Text per view, however often it is read
+    assert view == _view(length=7, title="Kiss")  # whatever either has read so far
+
+
+def test_views_equal_by_their_fields_even_when_one_snapshot_spells_out_a_default() -> None:
+    explicit, implicit = _view(length=180, title=""), _view()
+    assert explicit == implicit
+    assert implicit == explicit
+    assert _view(length=181) != implicit
+
+
 @pytest.mark.parametrize("name", ["length", "title", "id", "head", "undeclared"])
 def test_nothing_can_be_set_or_deleted_on_a_view(name: str) -> None:
     view = _view()

@@ -93,7 +93,7 @@ class Model:
     _model: ClassVar[type[Model]]
     """The declared model class (a View or Handle type points at the class it derives from)."""
     _derived: ClassVar[tuple[type[View], type[Handle]]]
-    _view_plan: ClassVar[tuple[type[View], tuple[_ViewField, ...]]]
+    _view_plan: ClassVar[tuple[type[View], dict[str, _ViewField]]]
     __slots__ = ("__dict__",)
 
     if typing.TYPE_CHECKING:  # set on every view and handle (not fields of the model)
@@ -141,19 +141,14 @@ class Model:
 
     @classmethod
     def _view(cls, snapshot: Snapshot) -> typing.Self:
-        """A frozen view of ``snapshot`` (internal: contexts build views)."""
-        view_type, fields = _view_plan(cls._model)
-        view = object.__new__(view_type)
+        """A frozen view of ``snapshot`` (internal: contexts build views). Its fields are
+        filled from the snapshot's values when first read (:meth:`View._read`): a live
+        query builds a view per row, and most rows' fields are never all read."""
+        view = object.__new__(_view_plan(cls._model)[0])
         state = view.__dict__
         state["id"] = snapshot.entity_id
         state["head"] = snapshot.head
-        get = snapshot.values.get  # (one lookup a field: a live query builds a view per row)
-        for name, text, default, wrap in fields:
-            raw = get(name, _ABSENT)
-            if raw is _ABSENT:
-                state[name] = Text("") if text else default
-            else:
-                state[name] = raw if wrap is None else wrap(raw)
+        state[_VALUES] = snapshot.values
         return typing.cast("typing.Self", view)
 
     @classmethod
@@ -200,14 +195,25 @@ class View(Model, _internal=True):
     """A frozen snapshot of one entity (``ctx.get``, ``ctx.fetch``, live queries).
 
     Its fields, ``id`` and ``head`` are fixed when it is made; setting anything raises
-    InvalidArgument. Two views are equal when they are of the same model and hold the same
-    id, head and values.
+    InvalidArgument. A field is taken from the snapshot's values (which never change) when
+    it is first read, and kept. Two views are equal when they are of the same model and
+    hold the same id, head and field values.
     """
 
     __slots__ = ()
 
     def _read(self, name: str) -> object:
-        return self.__dict__[name]
+        state = self.__dict__
+        value = state.get(name, _ABSENT)
+        if value is _ABSENT:
+            text, default, wrap = _view_plan(self._model)[1][name]
+            raw = state[_VALUES].get(name, _ABSENT)
+            if raw is _ABSENT:
+                value = Text("") if text else default
+            else:
+                value = raw if wrap is None else wrap(raw)
+            state[name] = value
+        return value
 
     def _write(self, name: str, value: object) -> None:
         raise InvalidArgument(
@@ -223,7 +229,15 @@ class View(Model, _internal=True):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, View):
             return NotImplemented
-        return type(self) is type(other) and self.__dict__ == other.__dict__
+        mine, theirs = self.__dict__, other.__dict__
+        if type(self) is not type(other) or (mine["id"], mine["head"]) != (
+            theirs["id"],
+            theirs["head"],
+        ):
+            return False
+        if mine[_VALUES] == theirs[_VALUES]:
+            return True  # (the same values fill the same fields)
+        return all(self._read(name) == other._read(name) for name in self._fields)
 
     __hash__ = None  # a view may hold unhashable values (Json); equality is by value
 
@@ -269,23 +283,25 @@ class Handle(Model, _internal=True):
 _ABSENT: typing.Final = object()
 """A field absent from a snapshot's values (``None`` is a value)."""
 
-_ViewField = tuple[str, bool, object, Callable[[object], object] | None]
-"""(name, is text, default, wrap; ``None``: the value as stored)."""
+_VALUES: typing.Final = "_values"
+"""Where a view keeps its snapshot's values (its fields are filled from them when read)."""
+
+_ViewField = tuple[bool, object, Callable[[object], object] | None]
+"""How a view fills one field: (is text, default, wrap; ``None``: the value as stored)."""
 
 
-def _view_plan(model: type[Model]) -> tuple[type[View], tuple[_ViewField, ...]]:
+def _view_plan(model: type[Model]) -> tuple[type[View], dict[str, _ViewField]]:
     """``model``'s View type and how a view fills each field, built on first use."""
     plan = model.__dict__.get("_view_plan")
     if plan is None:
-        fields = tuple(
-            (
-                name,
+        fields = {
+            name: (
                 spec.backend == "text",
                 spec.default,
                 None if spec.wrap is _identity else spec.wrap,
             )
             for name, spec in model._fields.items()
-        )
+        }
         plan = (_derived(model)[0], fields)
         model._view_plan = plan
     return plan
