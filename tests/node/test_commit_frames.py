@@ -164,3 +164,27 @@ async def test_a_frame_refused_as_a_whole_reverts_nothing_and_batches_stop(
     assert (await served.node.context().get(Doc, doc)).n == FRAMES + 4
     assert a.owed() == []
     await a.close()
+
+
+async def test_draining_waits_for_the_commits_being_applied_and_a_close_finishes_them(
+    served: InProcessServer,
+) -> None:
+    """The server applies a connection's commits in that connection's committer, never
+    cancelled: drain() waits for the batch it is applying, and the connection closing
+    meanwhile does not cut the batch short (it is durable, though the answer is lost)."""
+    a = await client_of(served)
+    doc = await create(a, title="t")
+    held = Held(served)
+    first = await _edit(a, doc, n=1)
+    await asyncio.wait_for(held.entered.wait(), 10)
+    (peer,) = served.connections
+    draining = asyncio.ensure_future(peer.drain(30))
+    done, _ = await asyncio.wait({draining}, timeout=0.2)  # (a wait that must run out)
+    assert not done, "drain returned while a batch of commits was being applied"
+    await peer.close()  # the connection ends while the batch is held
+    held.release()
+    await asyncio.wait_for(draining, 10)
+    await asyncio.wait_for(first.confirmed(), 10)  # pushed again on the next connection
+    assert (await served.node.context().get(Doc, doc)).n == 1
+    assert held.seen[0] == 1
+    await a.close()

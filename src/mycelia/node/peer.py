@@ -110,10 +110,12 @@ class PeerConnection:
         self._outgoing, self._in_flight = new_budgets(bounds, me.answers, outgoing_frames)
         self._commits: list[tuple[CommitRequest | CommitsRequest, int]] = []
         self._commits_waiting = asyncio.Event()
+        self._committer: asyncio.Task[None] | None = None
         self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: cancelled in start order
         self.frames_read = 0
         """Frames read from the peer so far (the commit pipeline's sign of a live peer)."""
-        self._answering: set[asyncio.Task[None]] = set()
+        self._answering: set[asyncio.Future[None]] = set()
+        """The answers being built and the batch of commits being applied (drain waits)."""
         self._draining = False
         self._overflowed = False
         self._ready = asyncio.Event()
@@ -168,7 +170,7 @@ class PeerConnection:
         """Handshake, then serve until the connection closes. Never raises for peer faults:
         the reason is kept in :attr:`error`."""
         writer = asyncio.create_task(self._write_loop())
-        committer = asyncio.create_task(self._commit_loop())
+        self._committer = asyncio.create_task(self._commit_loop())  # ends once closed
         try:
             allow_frames(self.transport, self._me.limits.max_handshake_bytes)
             for frame in self.session.start():
@@ -187,7 +189,6 @@ class PeerConnection:
             if not isinstance(exc, ConnectionClosed):
                 log.info("closing connection to %s: %s", self.remote, self.error)
         finally:
-            committer.cancel()
             await self._shutdown(writer)
 
     def submit(
@@ -454,19 +455,24 @@ class PeerConnection:
         slot[0] = self.page_bytes  # in the same step as the reserve's end: nothing leaks
 
     async def _commit_loop(self) -> None:
-        """Apply the peer's commits in arrival order, everything waiting at once."""
+        """Apply the peer's commits in arrival order, everything waiting at once, until the
+        connection closes. Never cancelled, it finishes a batch begun (and answers it while
+        the connection lasts) in its own steps: no task per batch, no shield."""
         while True:
             await self._commits_waiting.wait()
             self._commits_waiting.clear()
+            if self._closed.is_set():
+                return
             batch, self._commits = self._commits, []
             if not batch:
                 continue
-            task = asyncio.ensure_future(self._commit(batch))
-            self._answering.add(task)
+            applying = asyncio.get_running_loop().create_future()  # what drain() waits for
+            self._answering.add(applying)
             try:
-                await asyncio.shield(task)
+                await self._commit(batch)
             finally:
-                self._answering.discard(task)
+                self._answering.discard(applying)
+                applying.set_result(None)
 
     async def _commit(self, batch: list[tuple[CommitRequest | CommitsRequest, int]]) -> None:
         requests = [request for request, _ in batch]
@@ -483,6 +489,7 @@ class PeerConnection:
     async def _shutdown(self, writer: asyncio.Task[None]) -> None:
         self.session.close()
         self._closed.set()
+        self._commits_waiting.set()  # the committer stops (after the batch it applies)
         ended = self.error if isinstance(self.error, ConnectionClosed) else None
         self._outstanding.close(ended)
         self._outgoing.close(drop=False)
