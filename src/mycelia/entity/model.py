@@ -230,10 +230,9 @@ class View(Model, _internal=True):
         if not isinstance(other, View):
             return NotImplemented
         mine, theirs = self.__dict__, other.__dict__
-        if type(self) is not type(other) or (mine["id"], mine["head"]) != (
-            theirs["id"],
-            theirs["head"],
-        ):
+        if type(self) is not type(other) or mine["id"] != theirs["id"]:
+            return False
+        if mine["head"] != theirs["head"]:
             return False
         if mine[_VALUES] == theirs[_VALUES]:
             return True  # (the same values fill the same fields)

@@ -33,13 +33,16 @@ class Residents:
     """One in-memory entity per id (weakly held, with a strong LRU bounded in count and
     bytes)."""
 
-    __slots__ = ("_bytes", "_keep", "_keep_bytes", "_on_gone", "_recent", "_weak")
+    __slots__ = ("_bytes", "_keep", "_keep_bytes", "_on_gone", "_recent", "_sizes", "_weak")
 
     def __init__(self, *, keep: int = DEFAULT_KEEP, keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
         # A plain dict of weak references, not a WeakValueDictionary: its ``get`` raises and
         # catches KeyError on a miss, and a fresh client misses a thousand times at once.
         self._weak: dict[EntityId, _Held] = {}
-        self._recent: OrderedDict[EntityId, tuple[Entity, int]] = OrderedDict()
+        self._recent: OrderedDict[EntityId, Entity] = OrderedDict()
+        self._sizes: dict[EntityId, int] = {}
+        """The estimated size of each entity in ``_recent`` (kept apart: a pair per put would
+        be one more object a change leaves for the garbage collector to track)."""
         self._keep = keep
         self._keep_bytes = keep_bytes
         self._bytes = 0
@@ -55,7 +58,7 @@ class Residents:
         kept = self._recent.get(entity_id)
         if kept is not None:  # kept strongly: the resident itself (put keeps both in step)
             self._recent.move_to_end(entity_id)
-            return kept[0]
+            return kept
         held = self._weak.get(entity_id)
         entity = None if held is None else held()
         if entity is not None:
@@ -66,12 +69,11 @@ class Residents:
         """Make ``entity`` the resident for its id (replacing any other; its size is
         estimated again, as it may have changed)."""
         entity_id = entity.entity_id
-        kept = self._recent.get(entity_id)
-        if kept is not None and kept[0] is entity:  # the resident itself, changed: resize it
+        if self._recent.get(entity_id) is entity:  # the resident itself, changed: resize it
             size = resident_size(entity)
-            self._recent[entity_id] = (entity, size)
+            self._bytes += size - self._sizes[entity_id]
+            self._sizes[entity_id] = size
             self._recent.move_to_end(entity_id)
-            self._bytes += size - kept[1]
             self._shrink()
             return entity
         self._weak[entity_id] = _Held(entity, self._on_gone, entity_id)
@@ -92,26 +94,26 @@ class Residents:
         """Forget every resident."""
         self._weak.clear()
         self._recent.clear()
+        self._sizes.clear()
         self._bytes = 0
 
     def _keep_strongly(self, entity: Entity) -> None:
         self._drop(entity.entity_id)
         size = resident_size(entity)
-        recent = self._recent
-        recent[entity.entity_id] = (entity, size)
+        self._recent[entity.entity_id] = entity
+        self._sizes[entity.entity_id] = size
         self._bytes += size
         self._shrink()
 
     def _shrink(self) -> None:
         recent = self._recent
         while len(recent) > 1 and (len(recent) > self._keep or self._bytes > self._keep_bytes):
-            _, (_, dropped) = recent.popitem(last=False)
-            self._bytes -= dropped
+            dropped, _ = recent.popitem(last=False)
+            self._bytes -= self._sizes.pop(dropped)
 
     def _drop(self, entity_id: EntityId) -> None:
-        kept = self._recent.pop(entity_id, None)
-        if kept is not None:
-            self._bytes -= kept[1]
+        if self._recent.pop(entity_id, None) is not None:
+            self._bytes -= self._sizes.pop(entity_id)
 
     def __len__(self) -> int:
         return len(self._weak)

@@ -39,10 +39,12 @@ from mycelia.storage.staging import load_batches, stale_load
 
 __all__ = ["MemoryStorage"]
 
-_Row = tuple[EntityId, str, bytes | Clock]
-"""A feed row as kept: (entity id, collection, head). A head of one tip (a linear history:
-nearly every row) is kept as its id's bytes; a wider one as the state's own clock (copying
-its ids would cost O(width) a write)."""
+_Row = tuple[bytes, str, bytes | Clock]
+"""A feed row as kept: (entity id, collection, head), the id as plain bytes. A head of one
+tip (a linear history: nearly every row) is kept as its id's bytes; a wider one as the
+state's own clock (copying its ids would cost O(width) a write). A row of plain bytes and
+str holds nothing the garbage collector tracks, so it stops tracking the row: an id type
+is a Python class, tracked, and the feed keeps a row for every write ever made."""
 
 MEMORY_RECENT_EVENTS: Final = 32
 """How many events a MemoryStorage keeps decoded (the durable engines keep
@@ -182,7 +184,7 @@ class MemoryStorage:
             self._by_collection.setdefault(state.collection, {})[state.entity_id] = stored
             head = state.state.head
             tip = bytes(head.ids[0]) if len(head) == 1 else head
-            feed.append((state.entity_id, state.collection, tip))  # (the state's own id)
+            feed.append((bytes(state.entity_id), state.collection, tip))
             offsets.append(len(feed))
         for key, value in batch.meta:
             if value is None:
@@ -285,7 +287,7 @@ class MemoryStorage:
 def _entry(offset: int, row: _Row) -> FeedEntry:
     entity_id, collection, head = row
     clock = head if isinstance(head, Clock) else Clock.single(EventId._trusted(head))
-    return FeedEntry(offset, entity_id, collection, clock)
+    return FeedEntry(offset, EntityId._trusted(entity_id), collection, clock)
 
 
 _INT_RANGE = range(-(2**63), 2**64)
