@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pycrdt import Doc, Text
 
 from mycelia.entity.backends import LwwBackend, OpaqueBackend, TextBackend
-from mycelia.entity.backends.lww import decode_diff, encode_diff
+from mycelia.entity.backends.lww import decode_diff, encode_diff, state_values
 from mycelia.entity.backends.testing import check_backend
 from mycelia.entity.backends.text import ClientIds
 from mycelia.entity.values import encode_value
@@ -159,6 +159,28 @@ def test_a_state_read_back_is_canonical_however_it_was_encoded() -> None:
     merged = LwwBackend.from_state(canonical)
     merged.merge(LwwBackend.from_state(expected))
     assert merged.to_state() == expected
+
+
+@pytest.mark.parametrize("how", ["plain", "wide generation", "a new name", "a bad writer"])
+def test_state_values_reads_what_the_backend_reads(how: str) -> None:
+    """state_values (a fresh client's adoption) reads plain rows in one pass and sends any
+    other buffer through the checked path: either way, the backend's values or its error."""
+    rows = [["a", encode_value(1), 300, bytes(32)], ["b", encode_value("x"), 7, b"\x01" * 32]]
+    buffer = pack([1, rows])
+    if how == "wide generation":
+        buffer = _int16_generation(buffer, 300)
+    elif how == "a new name":
+        buffer = pack(
+            [1, [*rows, [f"n{random.getrandbits(64)}", encode_value(None), 1, bytes(32)]]]
+        )
+    elif how == "a bad writer":
+        buffer = pack([1, [*rows, ["c", encode_value(2), 1, b"short"]]])
+        with pytest.raises(DecodeError):
+            LwwBackend.from_state(buffer)
+        with pytest.raises(DecodeError):
+            state_values(buffer)
+        return
+    assert state_values(buffer) == LwwBackend.from_state(buffer).values()
 
 
 @pytest.mark.parametrize(

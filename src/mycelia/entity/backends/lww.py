@@ -17,7 +17,7 @@ Formats (canonical msgpack):
 
 from __future__ import annotations
 
-from typing import ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Self, TypeGuard
 
 from mycelia.entity.values import decode_value
 from mycelia.errors import DecodeError
@@ -150,8 +150,35 @@ class LwwBackend:
 
 def state_values(buffer: bytes) -> dict[str, object]:
     """The values a state buffer holds (``from_state(buffer).values()``, without the
-    backend); raises DecodeError if malformed."""
-    return {prop: decode_value(entry[0]) for prop, entry in _entries(buffer).items()}
+    backend); raises DecodeError if malformed. Rows of the common shape are decoded in one
+    pass, with no entry built for them (a fresh client adopts a thousand states at once);
+    the first other row sends the whole buffer through :func:`_entries`, which checks it
+    row by row."""
+    version, rows = expect_list(unpack(buffer, what="lww state"), "lww state", length=2)
+    if version != STATE_VERSION or type(rows) is not list:
+        return {prop: decode_value(entry[0]) for prop, entry in _entries(buffer).items()}
+    values: dict[str, object] = {}
+    for row in rows:
+        if not _plain(row):
+            return {prop: decode_value(entry[0]) for prop, entry in _entries(buffer).items()}
+        values[row[0]] = decode_value(row[1])
+    return values
+
+
+def _plain(row: object) -> TypeGuard[list[Any]]:
+    """Whether a state row has the common shape, checked with no call per field:
+    [known name, value bytes, generation ≥ 1, writer id]."""
+    return (
+        type(row) is list
+        and len(row) == 4
+        and type(row[0]) is str
+        and row[0] in _NAMES
+        and type(row[1]) is bytes
+        and type(row[2]) is int
+        and row[2] >= 1
+        and type(row[3]) is bytes
+        and len(row[3]) == ID_LENGTH
+    )
 
 
 def _entries(buffer: bytes) -> dict[str, _Entry]:
@@ -161,18 +188,8 @@ def _entries(buffer: bytes) -> dict[str, _Entry]:
         raise DecodeError(f"unknown lww state version {version!r}")
     entries: dict[str, _Entry] = {}
     for row in expect_list(rows, "lww entries"):
-        if (
-            type(row) is list
-            and len(row) == 4
-            and type(row[0]) is str
-            and row[0] in _NAMES
-            and type(row[1]) is bytes
-            and type(row[2]) is int
-            and row[2] >= 1
-            and type(row[3]) is bytes
-            and len(row[3]) == ID_LENGTH
-        ):
-            entries[row[0]] = (row[1], row[2], row[3])  # the common case: no call
+        if _plain(row):
+            entries[row[0]] = (row[1], row[2], row[3])  # the common case
             continue
         prop, value, generation, writer = expect_list(row, "lww entry", length=4)
         entries[_name(prop)] = (
