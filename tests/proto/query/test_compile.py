@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import mycelia.proto.query.compile as compiled_module
 from mycelia.errors import InvalidArgument
 from mycelia.proto.query import Predicate, Query, evaluate, parse
 from mycelia.proto.query.compile import compile_predicate
@@ -50,3 +51,27 @@ def test_compiled_shapes(text: str, row: dict[str, object], expected: bool) -> N
     query: Query = parse(text)
     assert compile_predicate(query.predicate)(row) is expected
     assert evaluate(query.predicate, row) is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "row", "expected"),
+    [
+        ("x > 1 AND y IS NULL", {"x": 2}, True),
+        ("x > 1 AND y IS NULL", {"x": 2, "y": float("nan")}, True),  # NaN is null
+        ("x > 1 AND y IS NULL", {"x": 2, "y": ""}, False),
+        ("x > 1 AND y IS NOT NULL", {"x": 2, "y": [None]}, True),
+        ("x > 1 AND y IS NOT NULL", {"x": 2, "y": False}, True),
+    ],
+)
+def test_is_null_and_a_pair_of_tests_never_fall_back_to_evaluate(
+    text: str, row: dict[str, object], expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every read path ANDs "not deleted" (an IS NULL) to its query: that test went
+    # through the reference evaluator, a tree walk and a class dispatch per row read.
+    compiled = compile_predicate(parse(text).predicate)
+
+    def refuse(*_: object) -> bool:
+        raise AssertionError("fell back to evaluate()")
+
+    monkeypatch.setattr(compiled_module, "evaluate", refuse)
+    assert compiled(row) is expected

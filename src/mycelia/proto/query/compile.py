@@ -27,6 +27,7 @@ from mycelia.proto.query.syntax import (
     Comparison,
     Const,
     In,
+    IsNull,
     Not,
     Op,
     Or,
@@ -55,8 +56,13 @@ def compile_predicate(predicate: Predicate) -> Compiled:
     """
     if isinstance(predicate, Comparison):
         return _comparison(predicate)
+    if isinstance(predicate, IsNull):
+        return _is_null(_getter(predicate.path), negated=predicate.negated)
     if isinstance(predicate, And):
         parts = tuple(compile_predicate(item) for item in predicate.items)
+        if len(parts) == 2:  # (every read path ANDs "not deleted" to the query's own)
+            first, second = parts
+            return lambda row: first(row) and second(row)
         return lambda row: all(part(row) for part in parts)
     if isinstance(predicate, Or):
         parts = tuple(compile_predicate(item) for item in predicate.items)
@@ -69,7 +75,7 @@ def compile_predicate(predicate: Predicate) -> Compiled:
         return lambda row: constant
     if isinstance(predicate, In) and any(isinstance(v, Placeholder) for v in predicate.values):
         raise InvalidArgument("the query has an unbound '?': call Query.bind first")
-    return lambda row: evaluate(predicate, row)  # field vs field, IN, IS NULL: the reference
+    return lambda row: evaluate(predicate, row)  # field vs field, IN: the reference
 
 
 def _getter(path: tuple[str, ...]) -> Callable[[Mapping[str, object]], object]:
@@ -77,6 +83,22 @@ def _getter(path: tuple[str, ...]) -> Callable[[Mapping[str, object]], object]:
         (name,) = path
         return lambda row: row.get(name)
     return lambda row: resolve_path(row, path)
+
+
+def _is_null(get: Callable[[Mapping[str, object]], object], *, negated: bool) -> Compiled:
+    """``IS [NOT] NULL``: a plain string, number, bool or bytes is not null, with no class
+    dispatch (every read path tests "not deleted" on every row it reads)."""
+
+    def is_null(row: Mapping[str, object]) -> bool:
+        value = get(row)
+        if value is None:
+            return not negated
+        kind = type(value)
+        if kind is str or kind is int or kind is bool or kind is bytes:
+            return negated
+        return (class_of(value) is Collation.NULL) != negated  # NaN; or refused, as evaluate
+
+    return is_null
 
 
 def _comparison(predicate: Comparison) -> Compiled:
