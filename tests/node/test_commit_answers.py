@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import pytest
 
@@ -14,12 +15,14 @@ from mycelia import Node
 from mycelia.errors import PolicyDenied
 from mycelia.node import commits
 from mycelia.node.commits import CommitPipeline
-from mycelia.node.flight import BUSY_ROUNDS, Pending, SessionOver, answered
+from mycelia.node.flight import BUSY_ROUNDS, Lateness, Pending, SessionOver, answered
+from mycelia.node.inprocess import InProcessServer
 from mycelia.node.outbox import Owed
 from mycelia.node.ports import M, MakeRequest
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import Ack
 from mycelia.storage import MemoryStorage
+from tests.node.test_commits import Doc, client_of, create
 
 TIMEOUT = 0.01
 
@@ -153,3 +156,71 @@ async def test_a_handle_waits_for_its_verdict_or_the_session_s_end_with_no_task(
     await asyncio.wait_for(waiting, 1)
     assert not unanswered.done()
     assert not over.future.cancelled()
+
+
+class Frames:
+    """A peer's frame counter, moved by hand."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+    def __call__(self) -> int:
+        return self.read
+
+
+async def test_lateness_gives_up_on_a_silent_peer_after_one_whole_timeout_of_watching() -> None:
+    frames = Frames()
+    lateness = Lateness(frames, TIMEOUT)
+    oldest: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+    assert lateness.look(oldest) is None, "first seen as the oldest: watched from now"
+    late = lateness.look(oldest)
+    assert late is not None
+    assert "nothing heard" in late
+    assert not oldest.cancelled()
+
+
+async def test_lateness_waits_for_a_busy_peer_for_the_busy_rounds_and_starts_over_per_commit() -> (
+    None
+):
+    frames = Frames()
+    lateness = Lateness(frames, TIMEOUT)
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[Message] = loop.create_future()
+    assert lateness.look(first) is None
+    for _ in range(BUSY_ROUNDS - 1):
+        frames.read += 1
+        assert lateness.look(first) is None
+    second: asyncio.Future[Message] = loop.create_future()
+    assert lateness.look(second) is None, "a new oldest commit: watched afresh"
+    for _ in range(BUSY_ROUNDS - 1):
+        frames.read += 1
+        assert lateness.look(second) is None
+    frames.read += 1
+    assert lateness.look(second) == f"no answer in {BUSY_ROUNDS} timeouts of {TIMEOUT:g} s"
+    second.set_result(Ack(1))
+    assert lateness.look(second) is None, "answered: nothing is late"
+    assert lateness.look(None) is None, "nothing in flight"
+
+
+async def test_an_ack_confirms_its_commit_where_it_arrives_with_no_confirmer_step(
+    served: InProcessServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Ack is taken by the answer's own callback (mycelia.node.flight.Flight): the
+    confirmer task woke twice per commit awaited until confirmed, and ran a timer."""
+    a = await client_of(served)
+    doc = await create(a, title="t")
+    taken = []
+    answer = CommitPipeline._answer
+
+    async def counted(self: CommitPipeline, session: Any, future: Any) -> Any:
+        taken.append(future)
+        return await answer(self, session, future)
+
+    monkeypatch.setattr(CommitPipeline, "_answer", counted)
+    for n in range(10):
+        async with a.context().transaction() as trx:  # waits until the server confirmed
+            (await trx.edit(Doc, doc)).n = n
+    assert taken == [], "no Ack went through the confirmer"
+    assert a.owed() == []
+    assert (await served.node.context().get(Doc, doc)).n == 9
+    await a.close()

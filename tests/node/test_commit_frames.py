@@ -188,3 +188,26 @@ async def test_draining_waits_for_the_commits_being_applied_and_a_close_finishes
     assert (await served.node.context().get(Doc, doc)).n == 1
     assert held.seen[0] == 1
     await a.close()
+
+
+async def test_a_commit_the_silent_server_never_answers_goes_again_on_a_new_session(
+    served: InProcessServer,
+) -> None:
+    """The confirmer's watch (mycelia.node.flight.Lateness): the oldest commit unanswered
+    for a whole timeout with nothing heard from the server ends the session; the next one
+    pushes the commit again, and its answer confirms it."""
+    a = await Node.open(MemoryStorage(), durable=False)
+    pipeline = a._pipeline
+    assert pipeline is not None
+    pipeline._timeout = 0.05  # (before the first session: its watch starts at once)
+    served.connect(a)
+    await a.wait_ready(timeout=10)
+    doc = await create(a, title="t")
+    held = Held(served)  # the first commit request is held: the server says nothing
+    trx = await _edit(a, doc, n=1)
+    await asyncio.wait_for(held.entered.wait(), 10)
+    await asyncio.wait_for(trx.confirmed(), 10)
+    assert held.seen == [1, 1], "pushed again on the next session"
+    assert (await served.node.context().get(Doc, doc)).n == 1
+    held.release()  # (the first session's server side ends its held batch)
+    await a.close()

@@ -11,10 +11,12 @@ written (:class:`LocalCommits`). An ephemeral node's commit (:class:`CommitPipel
    :data:`~mycelia.node.flight.FRAMES` frames not answered yet: the next frame carries
    every commit queued by then that fits it (a ``CommitsRequest``, with a verdict per
    commit in its answer). The peer applies one connection's commits in the order they
-   arrive (grouping what arrives together into one write) and answers in that order. The
-   confirmer takes the answers in order: an Ack (or a commit's verdict) settles a commit
-   (its waiters wake; its record is deleted, in batches). An error answering a frame of
-   several commits as a whole settles none of them, and from then on each goes alone.
+   arrive (grouping what arrives together into one write) and answers in that order. An
+   Ack (or a commit's verdict) settles a commit where it arrives, oldest first (the
+   answer's callback, :class:`~mycelia.node.flight.Flight`: its waiters wake, no task
+   does; its record is deleted, in batches); any other answer is the confirmer's. An
+   error answering a frame of several commits as a whole settles none of them, and from
+   then on each goes alone.
 3. **A refusal reverts, visibly** (what counts as one: :mod:`mycelia.node.refusals`).
    The pipeline closes its gate (new local commits wait), lets every commit in flight be
    answered, and takes out the refused commits and every owed commit built on them (by
@@ -26,11 +28,12 @@ written (:class:`LocalCommits`). An ephemeral node's commit (:class:`CommitPipel
    :meth:`CommitPipeline.rejections` streams a :class:`Rejection` for each.
 4. **A session that ends** leaves owed commits owed; the next one pushes them again (the
    peer deduplicates events by id), and a revert cut short by it happens then.
-5. **A slow answer is not a lost one.** The confirmer gives up on a session only when a
-   commit's answer is late and nothing at all came from the peer for the request timeout
-   (or after :data:`~mycelia.node.flight.BUSY_ROUNDS` timeouts of a peer that keeps
-   sending, :func:`~mycelia.node.flight.answered`): a loaded server answers late, and
-   leaving it would push the commit again and subscribe again, adding to its load.
+5. **A slow answer is not a lost one.** The confirmer gives up on a session only when the
+   oldest commit's answer is late and nothing at all came from the peer for a whole
+   request timeout (or after :data:`~mycelia.node.flight.BUSY_ROUNDS` timeouts of a peer
+   that keeps sending; it looks once a timeout, :class:`~mycelia.node.flight.Lateness`,
+   so a commit is given one to two): a loaded server answers late, and leaving it would
+   push the commit again and subscribe again, adding to its load.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from mycelia.node.flight import (
     WINDOW,
     Flight,
     Gate,
+    Lateness,
     Pending,
     SessionOver,
     answered,
@@ -221,7 +225,7 @@ class CommitPipeline:
         """Push owed commits over ``session`` and take their answers, until it ends."""
         self._queue = deque(self._owed.values())
         self._over.begin()
-        flight = Flight()
+        flight = Flight(self._confirmed, paused=lambda: self._paused)
         tasks = [
             asyncio.ensure_future(self._send(session, flight)),
             asyncio.ensure_future(self._confirm(session, flight)),
@@ -324,10 +328,16 @@ class CommitPipeline:
                 return pending  # (else settled or reverted meanwhile)
 
     async def _confirm(self, session: Session, flight: Flight) -> None:
+        """Take the answers the flight leaves to the confirmer (its Acks confirm
+        themselves): the oldest commit's answer that is no Ack, or none in time."""
+        lateness = Lateness(lambda: session.frames_read, self._timeout)
         while True:
-            pending, future = await flight.oldest()
             try:
-                verdict = await self._answer(session, future)
+                found = await flight.unacked(self._timeout, lateness)
+                if isinstance(found, str):
+                    raise _SessionOver(found)
+                pending, future = found
+                verdict = await self._answer(session, future)  # (in: taken at once)
                 flight.pop()
                 if verdict is None:
                     self._confirmed(pending)

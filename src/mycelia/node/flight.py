@@ -8,13 +8,16 @@ Invariants:
 - A :class:`Flight` holds at most :data:`WINDOW` commits and :data:`FLIGHT_BYTES` of their
   events (a larger commit goes alone), sent in at most :data:`FRAMES` frames not answered
   yet; every slot taken is given back exactly once, by :meth:`Flight.pop` or
-  :meth:`Flight.release`, and a frame's once its answer (or failure) is in.
+  :meth:`Flight.release`, and a frame's once its answer (or failure) is in. Commits are
+  confirmed oldest first, each once: by the Ack's callback, or by the confirmer (or a
+  revert) for an answer that is no Ack.
 - :func:`verdicts` gives each commit of a frame its own answer, in order: the frame's
   verdict for it, or the frame's failure.
 - :meth:`Gate.exclusive` waits until no :meth:`Gate.shared` holder is left, and admits no
   new one meanwhile: a revert never runs beside a local commit.
 - :func:`answered` never cancels the answer it waits for, and gives up only on a silent
-  peer or after :data:`BUSY_ROUNDS` timeouts of a busy one.
+  peer or after :data:`BUSY_ROUNDS` timeouts of a busy one; :class:`Lateness` is the
+  same rule for the confirmer, which waits on no answer.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ __all__ = [
     "WINDOW",
     "Flight",
     "Gate",
+    "Lateness",
     "Pending",
     "SessionOver",
+    "acked",
     "answered",
     "answers_each",
     "either",
@@ -218,15 +223,29 @@ class Gate:
 
 class Flight:
     """The commits in flight on one session, oldest first: at most WINDOW of them and
-    :data:`FLIGHT_BYTES` of their events (one larger commit goes alone)."""
+    :data:`FLIGHT_BYTES` of their events (one larger commit goes alone).
 
-    def __init__(self) -> None:
+    An Ack is taken where it arrives: the answer's callback confirms the oldest commits
+    whose Acks are in (``confirm``), in order, so a confirmed commit wakes no task but
+    its waiters. Any other answer at the front (a refusal, "not now", a closed connection)
+    sets :attr:`attention` for the confirmer; so does nothing while ``paused()`` (a revert
+    takes every answer itself)."""
+
+    def __init__(
+        self,
+        confirm: Callable[[Pending], None] = lambda _: None,
+        *,
+        paused: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._items: deque[tuple[Pending, asyncio.Future[Message]]] = deque()
         self._sizes: deque[int] = deque()
         self._room = Pool(WINDOW)  # commits, counted one each
         self._bytes = Pool(FLIGHT_BYTES)
         self._frames = asyncio.Semaphore(FRAMES)
-        self._arrived = asyncio.Event()
+        self._confirm = confirm
+        self._paused = paused
+        self.attention = asyncio.Event()
+        """Set when the oldest commit's answer is in and is no Ack: the confirmer's turn."""
 
     async def frame(self) -> None:
         """Wait until fewer than :data:`FRAMES` frames are unanswered, and take a place;
@@ -262,13 +281,44 @@ class Flight:
     def add(self, pending: Pending, future: asyncio.Future[Message], size: int) -> None:
         self._items.append((pending, future))
         self._sizes.append(size)
-        self._arrived.set()
+        future.add_done_callback(self._answered)
 
-    async def oldest(self) -> tuple[Pending, asyncio.Future[Message]]:
-        while not self._items:
-            self._arrived.clear()
-            await self._arrived.wait()
-        return self._items[0]
+    def _answered(self, _: asyncio.Future[Message]) -> None:
+        if self._paused():
+            return
+        items = self._items
+        while items:
+            pending, future = items[0]
+            if not future.done():
+                return
+            if not acked(future):
+                self.attention.set()
+                return
+            self.pop()
+            self._confirm(pending)
+
+    async def unacked(
+        self, timeout: float, lateness: Lateness
+    ) -> tuple[Pending, asyncio.Future[Message]] | str:
+        """The oldest commit once its answer is in and is no Ack, or why it is too late
+        (``lateness`` looks once a ``timeout``)."""
+        while True:
+            self.attention.clear()
+            front = self.front()
+            if front is not None and front[1].done() and not acked(front[1]):
+                return front
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.attention.wait()
+            except TimeoutError:
+                front = self.front()
+                late = lateness.look(None if front is None else front[1])
+                if late is not None:
+                    return late
+
+    def front(self) -> tuple[Pending, asyncio.Future[Message]] | None:
+        """The oldest commit in flight and its answer, if any."""
+        return self._items[0] if self._items else None
 
     def pop(self) -> tuple[Pending, asyncio.Future[Message]]:
         item = self._items.popleft()
@@ -283,6 +333,42 @@ class Flight:
 
     def __bool__(self) -> bool:
         return bool(self._items)
+
+
+def acked(answer: asyncio.Future[Message]) -> bool:
+    """Whether a done answer confirms its commit (anything but an error)."""
+    return not answer.cancelled() and answer.exception() is None
+
+
+class Lateness:
+    """How late the oldest commit's answer is, looked at once a timeout (the confirmer's
+    watch, :func:`answered`'s rule): a commit that has been the oldest for a whole timeout
+    with nothing heard from the peer, or for :data:`BUSY_ROUNDS` timeouts of a peer that
+    kept sending, will get no answer in this session. It is looked at from the first
+    look that finds it the oldest, so it is given one to two timeouts."""
+
+    def __init__(self, frames_read: Callable[[], int], timeout: float) -> None:
+        self._frames_read = frames_read
+        self._timeout = timeout
+        self._watched: asyncio.Future[Message] | None = None
+        self._rounds = 0
+        self._heard = 0
+
+    def look(self, oldest: asyncio.Future[Message] | None) -> str | None:
+        """Why ``oldest`` (the oldest answer awaited now) is given up, or ``None``."""
+        if oldest is None or oldest.done():
+            self._watched = None
+            return None
+        heard = self._frames_read()
+        if oldest is not self._watched:
+            self._watched, self._rounds, self._heard = oldest, 0, heard
+            return None
+        if heard == self._heard:
+            return f"no answer in {self._timeout:g} s with nothing heard meanwhile"
+        self._rounds, self._heard = self._rounds + 1, heard
+        if self._rounds >= BUSY_ROUNDS:
+            return f"no answer in {BUSY_ROUNDS} timeouts of {self._timeout:g} s"
+        return None
 
 
 def answers_each(response: Message | None, count: int) -> bool:
