@@ -236,7 +236,7 @@ class View(Model, _internal=True):
             return False
         if mine[_VALUES] == theirs[_VALUES]:
             return True  # (the same values fill the same fields)
-        return all(self._read(name) == other._read(name) for name in self._fields)
+        return all(_same(self._read(name), other._read(name)) for name in self._fields)
 
     __hash__ = None  # a view may hold unhashable values (Json); equality is by value
 
@@ -281,6 +281,12 @@ class Handle(Model, _internal=True):
 
 _ABSENT: typing.Final = object()
 """A field absent from a snapshot's values (``None`` is a value)."""
+
+
+def _same(mine: object, theirs: object) -> bool:
+    """Equal as a dict compares its values: the same object (a NaN too), or ``==``."""
+    return mine is theirs or bool(mine == theirs)
+
 
 _VALUES: typing.Final = "_values"
 """Where a view keeps its snapshot's values (its fields are filled from them when read)."""
