@@ -96,11 +96,19 @@ async def test_feed_rows_are_not_objects_the_collector_walks() -> None:
     await store.write(WriteBatch(tuple(chain), (states[0],)))
     gc.collect()
     before = len(gc.get_objects())
-    for state in states[1:]:
-        await store.write(WriteBatch(states=(state,)))
+    tracemalloc.start()
+    try:
+        for state in states[1:]:
+            await store.write(WriteBatch(states=(state,)))
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
     gc.collect()
     grown = len(gc.get_objects()) - before
     assert grown < count // 10, f"{grown} tracked objects after {count} writes of one state"
+    # A row is a 3-tuple (64 bytes), its head's id (65) and its list slot; the entity id's
+    # bytes are one copy for all its rows (a copy each was 65 bytes more a row).
+    assert held < count * 160, f"{held:,} bytes for {count} feed rows"
     rows = await store.read_since(count - 2)
     assert [r.entity_id for r in rows] == [chain[0].entity_id] * 2
     assert type(rows[0].entity_id) is EntityId

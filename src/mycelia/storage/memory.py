@@ -72,6 +72,7 @@ class MemoryStorage:
         self._states: dict[EntityId, StoredState] = {}
         self._by_collection: dict[str, dict[EntityId, StoredState]] = {}
         self._feed: list[_Row] = []
+        self._plain_ids: dict[EntityId, bytes] = {}  # one bytes copy per id, for its rows
         self._meta: dict[str, bytes] = {}
         self._news: asyncio.Event | None = None  # made by the first waiter, set by a write
         self._closed = False
@@ -184,7 +185,7 @@ class MemoryStorage:
             self._by_collection.setdefault(state.collection, {})[state.entity_id] = stored
             head = state.state.head
             tip = bytes(head.ids[0]) if len(head) == 1 else head
-            feed.append((bytes(state.entity_id), state.collection, tip))
+            feed.append((self._plain_id(state.entity_id), state.collection, tip))
             offsets.append(len(feed))
         for key, value in batch.meta:
             if value is None:
@@ -196,6 +197,13 @@ class MemoryStorage:
             news.set()
             self._news = None
         return WriteResult(frozenset(new), tuple(offsets))
+
+    def _plain_id(self, entity_id: EntityId) -> bytes:
+        """The entity id's one plain copy, which its feed rows share."""
+        plain = self._plain_ids.get(entity_id)
+        if plain is None:
+            plain = self._plain_ids[entity_id] = bytes(entity_id)
+        return plain
 
     def _forget(self, entity_id: EntityId) -> None:
         for event_id in self._by_entity.pop(entity_id, ()):
@@ -281,6 +289,7 @@ class MemoryStorage:
         self._states.clear()
         self._by_collection.clear()
         self._feed.clear()
+        self._plain_ids.clear()
         self._meta.clear()
 
 
