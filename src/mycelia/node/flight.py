@@ -45,7 +45,6 @@ __all__ = [
     "Lateness",
     "Pending",
     "SessionOver",
-    "acked",
     "answered",
     "answers_each",
     "either",
@@ -228,8 +227,8 @@ class Flight:
     An Ack is taken where it arrives: the answer's callback confirms the oldest commits
     whose Acks are in (``confirm``), in order, so a confirmed commit wakes no task but
     its waiters. Any other answer at the front (a refusal, "not now", a closed connection)
-    sets :attr:`attention` for the confirmer; so does nothing while ``paused()`` (a revert
-    takes every answer itself)."""
+    sets :attr:`attention` for the confirmer. Neither happens while ``paused()``: a revert
+    takes every answer itself."""
 
     def __init__(
         self,
@@ -291,7 +290,7 @@ class Flight:
             pending, future = items[0]
             if not future.done():
                 return
-            if not acked(future):
+            if not _acked(future):
                 self.attention.set()
                 return
             self.pop()
@@ -305,7 +304,7 @@ class Flight:
         while True:
             self.attention.clear()
             front = self.front()
-            if front is not None and front[1].done() and not acked(front[1]):
+            if front is not None and front[1].done() and not _acked(front[1]):
                 return front
             try:
                 async with asyncio.timeout(timeout):
@@ -335,7 +334,7 @@ class Flight:
         return bool(self._items)
 
 
-def acked(answer: asyncio.Future[Message]) -> bool:
+def _acked(answer: asyncio.Future[Message]) -> bool:
     """Whether a done answer confirms its commit (anything but an error)."""
     return not answer.cancelled() and answer.exception() is None
 
