@@ -32,6 +32,7 @@ class Peer:
     ``on_look(n)`` runs at the n-th look (the timeout rounds the pipeline waited)."""
 
     def __init__(self, *, busy: bool, on_look: Callable[[int], None] = lambda n: None) -> None:
+        self.request_timeout = TIMEOUT
         self.busy = busy
         self.looks = 0
         self._frames = 0

@@ -197,10 +197,7 @@ async def test_a_commit_the_silent_server_never_answers_goes_again_on_a_new_sess
     for a whole timeout with nothing heard from the server ends the session; the next one
     pushes the commit again, and its answer confirms it."""
     a = await Node.open(MemoryStorage(), durable=False)
-    pipeline = a._pipeline
-    assert pipeline is not None
-    pipeline._timeout = 0.05  # (before the first session: its watch starts at once)
-    served.connect(a)
+    served.connect(a, request_timeout=0.05)  # the pipeline's too
     await a.wait_ready(timeout=10)
     doc = await create(a, title="t")
     held = Held(served)  # the first commit request is held: the server says nothing

@@ -373,8 +373,11 @@ async def connect(
     ``wait_ready``) waits for the first usable connection. ``compression="deflate"``
     turns on permessage-deflate (off by default: frames are already compact msgpack).
     ``wss://`` verifies the server's certificate against the system's trust store, or
-    against ``ssl`` (an ``ssl.SSLContext``) when given. Raises InvalidArgument for a URL
-    that is not a websocket URL, no URL, or ``ssl`` with a ``ws://`` one.
+    against ``ssl`` (an ``ssl.SSLContext``) when given. ``request_timeout`` bounds the
+    opening handshake and each request, and is how long the commit pipeline waits on a
+    silent server for a commit's answer before it pushes its owed commits again on a new
+    session (ARCHITECTURE.md §7). Raises InvalidArgument for a URL that is not a websocket
+    URL, no URL, or ``ssl`` with a ``ws://`` one.
     """
     urls = _checked_urls(url, ssl=ssl)
     dial_one = partial(

@@ -222,7 +222,9 @@ class CommitPipeline:
     # -- a session -------------------------------------------------------------------------
 
     async def serve(self, session: Session) -> None:
-        """Push owed commits over ``session`` and take their answers, until it ends."""
+        """Push owed commits over ``session`` and take their answers, until it ends (an
+        answer is late after the session's request timeout)."""
+        self._timeout = session.request_timeout
         self._queue = deque(self._owed.values())
         self._over.begin()
         flight = Flight(self._confirmed, paused=lambda: self._paused)

@@ -158,6 +158,9 @@ class Session(Protocol):
         """Frames read from the peer so far (while it grows, the peer is alive and working)."""
         ...
 
+    request_timeout: float
+    """How long a request waits for its answer (``connect(..., request_timeout=...)``)."""
+
     async def close(self) -> None:
         """End the session."""
         ...
