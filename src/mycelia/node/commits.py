@@ -257,7 +257,7 @@ class CommitPipeline:
         while True:
             pending = await self._next_unsent()
             await flight.frame()  # (while the frames before are unanswered, commits queue)
-            size = _size(pending)
+            size = pending.owed.wire_bytes
             await flight.slot(size)
             if self._paused or pending.owed.seq not in self._owed:
                 flight.release(size)  # a revert began while we waited: it decides first
@@ -289,7 +289,7 @@ class CommitPipeline:
             if pending.owed.seq not in self._owed:
                 queue.popleft()  # settled or reverted meanwhile
                 continue
-            next_size, next_events = _size(pending), len(pending.owed.events)
+            next_size, next_events = pending.owed.wire_bytes, len(pending.owed.events)
             if (
                 size + next_size > room
                 or events + next_events > limits.max_batch_events
@@ -443,9 +443,7 @@ class CommitPipeline:
             self._owed.pop(pending.owed.seq, None)
             log.warning("the durable peer refused local commit %d: %s", pending.owed.seq, error)
             pending.fail(error)
-            self._publish(
-                Rejection(_ids(pending.owed), tuple(sorted(pending.owed.entities)), error)
-            )
+            self._publish(Rejection(pending.owed.ids, tuple(sorted(pending.owed.entities)), error))
 
     async def _fetch_states(
         self, session: Session, entities: list[EntityId]
@@ -490,18 +488,9 @@ def _commits_request(owed: list[Owed]) -> MakeRequest:
     return lambda rid: CommitsRequest(rid, commits)
 
 
-def _size(pending: Pending) -> int:
-    """The bytes of a commit's events on the wire."""
-    return sum(len(e.event.to_bytes()) for e in pending.owed.events)
-
-
 def _get(ids: tuple[EntityId, ...]) -> MakeRequest:
     return lambda rid: GetRequest(rid, ids, ())
 
 
 def _get_events(ids: tuple[EventId, ...]) -> MakeRequest:
     return lambda rid: GetEventsRequest(rid, ids, 0)
-
-
-def _ids(owed: Owed) -> tuple[EventId, ...]:
-    return tuple(e.id for e in owed.events)

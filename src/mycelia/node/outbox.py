@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from mycelia.errors import DecodeError, StorageCorrupt
-from mycelia.proto import AdmittedEvent, EntityId, Event
+from mycelia.proto import AdmittedEvent, EntityId, Event, EventId
 from mycelia.proto.codec import expect_bytes, expect_int, expect_list, pack, unpack
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import StorageEngine
@@ -54,6 +54,16 @@ class Owed:
     def entities(self) -> frozenset[EntityId]:
         """The entities it changes."""
         return frozenset(e.entity_id for e in self.events)
+
+    @property
+    def ids(self) -> tuple[EventId, ...]:
+        """Its events' ids."""
+        return tuple(e.id for e in self.events)
+
+    @property
+    def wire_bytes(self) -> int:
+        """The bytes of its events on the wire."""
+        return sum(len(e.event.to_bytes()) for e in self.events)
 
     def record(self) -> tuple[str, bytes]:
         """Its meta record."""

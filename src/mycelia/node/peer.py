@@ -46,7 +46,15 @@ from mycelia.errors import (
 )
 from mycelia.node.budget import DEFAULT_BOUNDS, Bounds
 from mycelia.node.outstanding import Outstanding, Streamed, seen
-from mycelia.node.peer_parts import Identity, UpdateHandler, answer_size, new_budgets, new_session
+from mycelia.node.peer_parts import (
+    Committed,
+    Committer,
+    Identity,
+    UpdateHandler,
+    answer_size,
+    new_budgets,
+    new_session,
+)
 from mycelia.node.policy import Credentials, PeerInfo
 from mycelia.node.ports import Answers, Gate, MakeRequest
 from mycelia.node.session import Faulty, Pushed, Received, SessionState, Verified
@@ -108,14 +116,13 @@ class PeerConnection:
         self._bounds = bounds
         self._outstanding = Outstanding()
         self._outgoing, self._in_flight = new_budgets(bounds, me.answers, outgoing_frames)
-        self._commits: list[tuple[CommitRequest | CommitsRequest, int]] = []
-        self._commits_waiting = asyncio.Event()
-        self._committer: asyncio.Task[None] | None = None
         self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: cancelled in start order
         self.frames_read = 0
         """Frames read from the peer so far (the commit pipeline's sign of a live peer)."""
         self._answering: set[asyncio.Future[None]] = set()
         """The answers being built and the batch of commits being applied (drain waits)."""
+        self._committer = Committer(self._commit, self._answering)
+        self._committing: asyncio.Task[None] | None = None
         self._draining = False
         self._overflowed = False
         self._ready = asyncio.Event()
@@ -170,7 +177,7 @@ class PeerConnection:
         """Handshake, then serve until the connection closes. Never raises for peer faults:
         the reason is kept in :attr:`error`."""
         writer = asyncio.create_task(self._write_loop())
-        self._committer = asyncio.create_task(self._commit_loop())  # ends once closed
+        self._committing = asyncio.create_task(self._committer.run())  # ends once closed
         try:
             allow_frames(self.transport, self._me.limits.max_handshake_bytes)
             for frame in self.session.start():
@@ -417,8 +424,7 @@ class PeerConnection:
             return
         self._in_flight.add(size)
         if isinstance(msg, CommitRequest | CommitsRequest):
-            self._commits.append((msg, size))
-            self._commits_waiting.set()
+            self._committer.add(msg, size)
             return
         task = asyncio.ensure_future(self._answer(msg, size))
         self._own(task)
@@ -454,27 +460,7 @@ class PeerConnection:
         await self._outgoing.reserve(self.page_bytes)
         slot[0] = self.page_bytes  # in the same step as the reserve's end: nothing leaks
 
-    async def _commit_loop(self) -> None:
-        """Apply the peer's commits in arrival order, everything waiting at once, until the
-        connection closes. Never cancelled, it finishes a batch begun (and answers it while
-        the connection lasts) in its own steps: no task per batch, no shield."""
-        while True:
-            await self._commits_waiting.wait()
-            self._commits_waiting.clear()
-            if self._closed.is_set():
-                return
-            batch, self._commits = self._commits, []
-            if not batch:
-                continue
-            applying = asyncio.get_running_loop().create_future()  # what drain() waits for
-            self._answering.add(applying)
-            try:
-                await self._commit(batch)
-            finally:
-                self._answering.discard(applying)
-                applying.set_result(None)
-
-    async def _commit(self, batch: list[tuple[CommitRequest | CommitsRequest, int]]) -> None:
+    async def _commit(self, batch: Committed) -> None:
         requests = [request for request, _ in batch]
         try:
             responses = await self._answers.commit(self, requests)
@@ -489,7 +475,7 @@ class PeerConnection:
     async def _shutdown(self, writer: asyncio.Task[None]) -> None:
         self.session.close()
         self._closed.set()
-        self._commits_waiting.set()  # the committer stops (after the batch it applies)
+        self._committer.stop()  # (after the batch it applies)
         ended = self.error if isinstance(self.error, ConnectionClosed) else None
         self._outstanding.close(ended)
         self._outgoing.close(drop=False)

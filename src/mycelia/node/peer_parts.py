@@ -11,11 +11,14 @@ Invariants:
   handshake challenge from the node's entropy: none is read from a global (STYLE.md §3).
 - A connection's outgoing queue and the peer's requests in flight are its own budgets;
   only the answer pool is shared.
+- A connection's :class:`Committer` applies its commits in arrival order, one batch at a
+  time, and is never cancelled: a batch begun is finished.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 
 from mycelia.node.budget import Bounds, InFlight, Outgoing, Pool
@@ -23,9 +26,22 @@ from mycelia.node.identity import NodeKey
 from mycelia.node.session import PeerSession, Pushed
 from mycelia.proto import EntityId, Limits
 from mycelia.proto.messages import Message
-from mycelia.proto.peering import CHALLENGE_LENGTH, SubscriptionEnded
+from mycelia.proto.peering import (
+    CHALLENGE_LENGTH,
+    CommitRequest,
+    CommitsRequest,
+    SubscriptionEnded,
+)
 
-__all__ = ["Identity", "UpdateHandler", "answer_size", "new_budgets", "new_session"]
+__all__ = [
+    "Committed",
+    "Committer",
+    "Identity",
+    "UpdateHandler",
+    "answer_size",
+    "new_budgets",
+    "new_session",
+]
 
 UpdateHandler = Callable[[Pushed | SubscriptionEnded], Coroutine[object, object, None] | None]
 """Takes a pushed update as it is read (an update still its frame: :class:`Pushed`); returns
@@ -75,3 +91,52 @@ def answer_size(msg: Message) -> int:
     for event in getattr(msg, "events", ()):
         size += len(event.to_bytes()) + 16
     return size + len(getattr(msg, "text", "")) * 4
+
+
+Committed = list[tuple[CommitRequest | CommitsRequest, int]]
+"""A batch of a peer's commit requests, each with its size in bytes."""
+
+
+class Committer:
+    """A connection's commits: applied (by ``apply``) in arrival order, everything waiting
+    at once, in one task that is never cancelled (:meth:`run`): it finishes a batch begun,
+    and its answers go out while the connection lasts, in its own steps (no task and no
+    shield per batch). ``answering`` holds a future per batch being applied (what a
+    draining server waits for)."""
+
+    def __init__(
+        self, apply: Callable[[Committed], Awaitable[None]], answering: set[asyncio.Future[None]]
+    ) -> None:
+        self._apply = apply
+        self._answering = answering
+        self._waiting: Committed = []
+        self._wake = asyncio.Event()
+        self._stopped = False
+
+    def add(self, request: CommitRequest | CommitsRequest, size: int) -> None:
+        """Queue a commit request for the next batch."""
+        self._waiting.append((request, size))
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop after the batch being applied (those still queued are not begun)."""
+        self._stopped = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Apply batches until stopped."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stopped:
+                return
+            batch, self._waiting = self._waiting, []
+            if not batch:
+                continue
+            applying = asyncio.get_running_loop().create_future()
+            self._answering.add(applying)
+            try:
+                await self._apply(batch)
+            finally:
+                self._answering.discard(applying)
+                applying.set_result(None)
