@@ -22,6 +22,7 @@ from mycelia.entity import (
     Snapshot,
 )
 from mycelia.entity import placement as placement_module
+from mycelia.entity.runs import UNSURE_PREFIX
 from mycelia.entity.values import encode_value
 from mycelia.errors import CommitReverted, DecodeError, EventNotFound, PolicyDenied
 from mycelia.event_dag import missing
@@ -63,10 +64,12 @@ async def _applier(
     remote: Sequence[AdmittedEvent] | None = None,
     asked: list[EventId] | None = None,
     residents: Residents | None = None,
+    store: MemoryStorage | None = None,
 ) -> tuple[Applier, MemoryStorage]:
-    """An applier of ``server``'s system on a fresh store (``remote``: the history a peer
-    would answer with, ``asked`` collects what it was asked for; None: no peer)."""
-    store = MemoryStorage()
+    """An applier of ``server``'s system on a fresh store, or on ``store`` as after a
+    restart (``remote``: the history a peer would answer with, ``asked`` collects what it
+    was asked for; None: no peer)."""
+    store = MemoryStorage() if store is None else store
 
     async def ask(ids: Sequence[EventId], ahead: int) -> list[AdmittedEvent]:
         if asked is not None:
@@ -146,12 +149,17 @@ async def test_a_snapshot_base_is_taken_only_while_the_head_is_exactly_that_base
         assert len(entity.head) == width
 
 
-async def test_a_local_commit_forked_before_a_snapshot_moved_the_head_is_placed() -> None:
+@pytest.mark.parametrize("peer", [False, True], ids=["no peer", "a peer to tidy with"])
+async def test_a_local_commit_forked_before_a_snapshot_moved_the_head_is_placed(
+    peer: bool,
+) -> None:
     """The race of the client-side issue, at the applier: the fork's head is replaced by a
-    snapshot whose history this node never held; the commit still lands, beside it."""
+    snapshot whose history this node never held; the commit still lands, beside it (and
+    stays there once the head is tidied: the peer's history shows the two concurrent)."""
     a = await _server()
     note = await _note(a, title="g")
-    applier, _ = await _applier(a)
+    history: list[AdmittedEvent] = []
+    applier, _ = await _applier(a, remote=history if peer else None)
     _, held, base = await _holding(applier, a, note)
     mine = _update(note, held.head, title="mine")
     for i in range(3):
@@ -159,13 +167,80 @@ async def test_a_local_commit_forked_before_a_snapshot_moved_the_head_is_placed(
     later = await a.storage.get_state(note)
     assert later is not None
     await applier.ingest_states([later], bases={note: held.head})  # the fork's head is gone
+    history += await a.storage.events_of(note)
     result = await applier.commit_local([mine], bases={note: base})
+    assert applier.untidy is peer
+    await applier.tidy()
+    assert not applier.untidy
     entity = await applier.load(note)
     assert entity is not None
     assert [e.id for e in result.stored] == [mine.id]
     assert set(entity.head) == set(later.state.head) | {mine.id}  # concurrent: both tips
     assert entity.snapshot().values["title"] == "mine"
     assert entity.snapshot().values["rank"] == 3
+
+
+async def _made_elsewhere_too(
+    a: Node, note: EntityId, history: list[AdmittedEvent]
+) -> tuple[Applier, MemoryStorage, Event, EntityState, ForkBase]:
+    """An ephemeral applier forks ``note``; the server makes the very same edit on the same
+    head (the same event, content-addressed) and builds on it, and the applier merges that
+    snapshot before it commits. Returns the applier, its store, the edit, the snapshot and
+    the fork's base (``history``: what the peer answers, filled in here)."""
+    applier, store = await _applier(a, remote=history)
+    _, held, base = await _holding(applier, a, note)
+    mine = _update(note, held.head, title="same")
+    await a.ingest([mine])
+    await _edit(a, note, rank=1)
+    later = await a.storage.get_state(note)
+    assert later is not None
+    await applier.ingest_states([later], bases={note: held.head})
+    history += await a.storage.events_of(note)
+    return applier, store, mine, later, base
+
+
+async def test_the_same_edit_made_elsewhere_below_a_merged_head_is_tidied_away() -> None:
+    """A fresh event is new content, not always a new event: the server made the same edit
+    on the same head, and the snapshot merged since the fork descends from it. The commit
+    marks the head unsure (durably); tidy() asks the peer and drops the ancestor tip."""
+    a = await _server()
+    note = await _note(a, title="g")
+    history: list[AdmittedEvent] = []
+    applier, store, mine, later, base = await _made_elsewhere_too(a, note, history)
+    await applier.commit_local([mine], bases={note: base})
+    marked = applier.untidy
+    assert marked
+    assert [key for key, _ in await store.scan_meta(UNSURE_PREFIX)] == [
+        f"{UNSURE_PREFIX}{note.to_base64()}"
+    ]
+    await applier.tidy()
+    assert not applier.untidy
+    assert await store.scan_meta(UNSURE_PREFIX) == []
+    stored = await store.get_state(note)
+    assert stored is not None
+    assert stored.state.head == later.state.head  # the tip below it is gone
+    assert stored.state.buffers == later.state.buffers
+
+
+async def test_an_unsure_head_stays_marked_while_the_peer_cannot_be_asked() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    history: list[AdmittedEvent] = []
+    applier, store, mine, later, base = await _made_elsewhere_too(a, note, history)
+    history.clear()  # the peer is unreachable: it answers nothing
+    await applier.commit_local([mine], bases={note: base})
+    await applier.tidy()
+    assert applier.untidy
+    assert len(await store.scan_meta(UNSURE_PREFIX)) == 1
+    # A restart takes the mark up from its record, and tidies once the peer answers.
+    history += await a.storage.events_of(note)
+    again, _ = await _applier(a, remote=history, store=store)
+    again.keep_unsure([note])  # as the node does from the records (Outbox.unsure)
+    await again.tidy()
+    stored = await store.get_state(note)
+    assert stored is not None
+    assert stored.state.head == later.state.head
+    assert await store.scan_meta(UNSURE_PREFIX) == []
 
 
 async def test_a_commit_forked_before_a_reset_of_its_entity_is_refused() -> None:

@@ -169,6 +169,15 @@ def test_clients_failing_over_between_servers_converge() -> None:
     report.raise_first()
 
 
+def test_a_client_s_edit_made_by_another_client_too_leaves_no_ancestor_in_its_head() -> None:
+    """Seed 336 (found by the slow soak): two clients made the same edit on the same head
+    (one event, content-addressed); a partitioned one merged a snapshot descending from it
+    between its fork and its commit, then crashed. Its head kept the ancestor as a tip
+    (HeadNotAntichain) until the unsure head was marked durably and tidied on reconnect."""
+    result = run_seed(336, CLIENTS_SOAK, shrink_runs=0)
+    assert result.stats["crashes"] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_five_hundred_seeds_of_four_clients_on_two_servers_converge() -> None:

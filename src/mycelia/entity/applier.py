@@ -14,7 +14,11 @@ Four ways in, one staging discipline (:meth:`Applier.staging`):
   them. Their generations come from the fork's head and they are placed without a walk
   (the tips they name leave the head, they join it), even if the head has moved on since
   the fork — a snapshot from the durable peer may have replaced the fork's head with
-  descendants this node holds no events of (the race of the client-side issue);
+  descendants this node holds no events of (the race of the client-side issue). Such a
+  snapshot may descend from the very same event, made by another node with the same edit
+  on the same head: where that is possible, the head is marked unsure (durably, with the
+  commit) and :meth:`~Applier.tidy` later drops the tips the durable peer's history shows
+  are ancestors of others;
 - :meth:`~Applier.ingest_states` — state snapshots from a durable peer, merged (every
   backend is a state CRDT; the head is decided by comparison);
 - :meth:`~Applier.reset` — an ephemeral node replaces entities with its durable peer's
@@ -57,8 +61,16 @@ from mycelia.entity.runs import (
     Run,
     Staging,
     fetched,
+    unsure_record,
 )
-from mycelia.entity.snapshots import adopted, merged, merged_head, replaced
+from mycelia.entity.snapshots import (
+    adopted,
+    drop_known_ancestors,
+    merged,
+    merged_head,
+    replaced,
+)
+from mycelia.entity.verdicts import above_head
 from mycelia.errors import CommitReverted, InvalidEvent, MyceliaError
 from mycelia.event_dag import DEFAULT_BUDGET
 from mycelia.proto import (
@@ -118,6 +130,10 @@ class Applier:
         self.locks = EntityLocks()
         """The locks that serialise changes to each entity (while they are used)."""
         self._epochs: dict[EntityId, int] = {}
+        self._unsure: set[EntityId] = set()
+        """Entities whose head a local commit may have left holding an ancestor of another
+        tip (:meth:`_plan_fresh`), each marked by a meta record written with the commit
+        (:func:`~mycelia.storage.meta.unsure_record`); :meth:`tidy` settles them."""
 
     @property
     def pending(self) -> PendingPool:
@@ -362,6 +378,8 @@ class Applier:
             known = await self._store.get_events(unsure) if unsure else {}
             for entity, group, base in work:
                 run.add(self._plan_fresh(entity, group, base, known), check)
+            if self._unsure:
+                run.meta = (*run.meta, *(unsure_record(i) for i in groups if i in self._unsure))
             if record is not None:
                 run.meta = (*run.meta, *record([e for p in run.plans for e in p.staged]))
         return result
@@ -382,6 +400,13 @@ class Applier:
         if not staged:
             return None
         before = entity.snapshot()
+        moved = self._remote is not None and entity.head_map != base.head
+        if moved and not above_head(entity.head_map, entity.top_generation, staged):
+            # Fresh content, not always a new event: an update's id binds only its entity,
+            # parents and edits, so the same edit made on the same head elsewhere is the
+            # same event, and a snapshot merged since the fork may descend from it. Its
+            # tips' history is the durable peer's: tidy() asks it.
+            self._unsure.add(entity.entity_id)
         changed: set[str] = set()
         for event in staged:
             changed |= entity.apply(event)
@@ -390,6 +415,45 @@ class Applier:
         entity.advance(staged)
         self._residents.put(entity)
         return Plan(entity, before, staged, staged, changed)
+
+    @property
+    def untidy(self) -> bool:
+        """Whether a head may hold an ancestor of another tip (:meth:`tidy` settles it)."""
+        return bool(self._unsure)
+
+    def keep_unsure(self, entity_ids: Iterable[EntityId]) -> None:
+        """Take up the unsure heads an earlier run marked (their meta records), at open."""
+        self._unsure.update(entity_ids)
+
+    async def tidy(self) -> None:
+        """Drop from each head a local commit left unsure the tips that the durable peer's
+        history shows are ancestors of another tip (see the module docstring), and its
+        mark; an entity whose history cannot be fetched (or written) now stays unsure, for
+        the next call. Never raises for one entity's trouble."""
+        for entity_id in sorted(self._unsure):
+            settled = (unsure_record(entity_id, settled=True),)
+            try:
+                async with self.staging((entity_id,), IngestResult(), meta=settled) as run:
+                    run.add(await self._tidied(entity_id))
+                    self._unsure.discard(entity_id)  # under its lock: no commit marks it now
+            except MyceliaError as exc:  # the history, or the write: the next call retries
+                self._unsure.add(entity_id)
+                log.info("the head of %s stays unsure for now: %s", entity_id, exc)
+
+    async def _tidied(self, entity_id: EntityId) -> Plan | None:
+        entity = await self.load(entity_id)
+        if entity is None or not entity.exists or len(entity.head) < 2:
+            return None
+        getter = self._placement.getter(entity_id, StagingMap())
+        tips = entity.head_generations
+        head = await drop_known_ancestors(
+            tips, getter, root=EventId(entity_id), budget=self._budget, complete=True
+        )
+        if len(head) == len(tips):
+            return None
+        before = entity.snapshot()
+        entity.set_head(head)
+        return self._resident(Plan(entity, before, fetched(getter), [], set(), snapshot=True))
 
     # -- snapshots -----------------------------------------------------------------------
 

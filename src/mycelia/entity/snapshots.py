@@ -21,7 +21,7 @@ be wider than the true head, never narrower, and a later comparison settles it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
@@ -118,12 +118,19 @@ def replaced(
 
 
 async def drop_known_ancestors(
-    head: Mapping[EventId, int], events: EventSource, *, root: EventId, budget: int
+    head: Mapping[EventId, int],
+    events: EventSource,
+    *,
+    root: EventId,
+    budget: int,
+    complete: bool = False,
 ) -> dict[EventId, int]:
     """``head`` (id → generation) without the ids that held events show are ancestors of
     others in it, nor the entity's genesis ``root`` beside any other id (every event of an
     entity descends from its genesis); walks at most ``budget`` events, never below the
-    head's lowest generation (nothing there can be in it)."""
+    head's lowest generation (nothing there can be in it). ``complete``: raises
+    EventNotFound for an event the walk needs that ``events`` does not hold, rather than
+    keeping what it cannot decide."""
     if len(head) < 2:
         return dict(head)
     if root in head:
@@ -137,6 +144,8 @@ async def drop_known_ancestors(
     walked = 0
     while frontier and walked < budget:
         found = await events.get_events(frontier)
+        if complete:
+            _require(frontier, found)
         walked += len(found)
         step: list[EventId] = []
         for event in found.values():
@@ -147,8 +156,16 @@ async def drop_known_ancestors(
                     seen.add(parent)
                     step.append(parent)
         held = await events.get_events(step) if step else {}
+        if complete:
+            _require(step, held)
         frontier = sorted(i for i in step if i in held and held[i].generation >= floor)
     return {i: g for i, g in head.items() if i not in stale}
+
+
+def _require(ids: Iterable[EventId], found: Mapping[EventId, AdmittedEvent]) -> None:
+    for event_id in ids:
+        if event_id not in found:
+            raise EventNotFound(f"event {event_id} is not held here", event_id=event_id)
 
 
 async def merged_head(

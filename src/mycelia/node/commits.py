@@ -148,9 +148,11 @@ class CommitPipeline:
         """Whether owed commits queued together go in one frame (see _batch_answered)."""
 
     async def load(self) -> None:
-        """Take up the commits owed since an earlier run (call once, at open)."""
+        """Take up the commits owed since an earlier run, and the heads its commits left
+        unsure (call once, at open)."""
         for owed in await self._outbox.load():
             self._owed[owed.seq] = self._pending(owed)
+        self._applier.keep_unsure(await self._outbox.unsure())
 
     # -- committing ----------------------------------------------------------------------
 
@@ -397,6 +399,8 @@ class CommitPipeline:
                 await self._storage.write(WriteBatch(meta=Outbox.settled(done)))
             except MyceliaError as exc:  # harmless: settled records are pushed once more
                 log.warning("could not settle %d confirmed commits: %s", len(done), exc)
+        if self._applier.untidy:  # the durable peer holds what a confirmed commit built on
+            await self._applier.tidy()
 
     # -- reverting -------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from mycelia.entity.runs import UNSURE_PREFIX
 from mycelia.errors import DecodeError, StorageCorrupt
 from mycelia.proto import AdmittedEvent, EntityId, Event, EventId
 from mycelia.proto.codec import expect_bytes, expect_int, expect_list, pack, unpack
@@ -76,6 +77,16 @@ class Outbox:
     def __init__(self, storage: StorageEngine) -> None:
         self._storage = storage
         self._next = 1
+
+    async def unsure(self) -> list[EntityId]:
+        """The entities whose head a local commit left unsure (:meth:`Applier.tidy`)."""
+        unsure = []
+        for key, _ in await self._storage.scan_meta(UNSURE_PREFIX):
+            try:
+                unsure.append(EntityId.from_base64(key[len(UNSURE_PREFIX) :]))
+            except DecodeError as exc:
+                raise StorageCorrupt(f"the meta record {key!r} names no entity: {exc}") from exc
+        return unsure
 
     async def load(self) -> list[Owed]:
         """Every owed commit in storage, oldest first (call once, before any record).

@@ -3,8 +3,9 @@
 A dump carries these records; :func:`mycelia.storage.dump.load_from` checks every one with
 :func:`check_meta` before anything is staged, so a value the node would choke on (a 2-byte
 node key: ``serve`` crashed on it) never loads. The node layer writes them under the names
-defined here (it imports them). A new record must be added to :data:`META_FORMATS` (or,
-for a family of records, :data:`META_PREFIXES`), or a dump holding it is refused.
+defined here (it imports them); the applier writes the ``unsure/`` ones, under its own
+name. A new record must be added to :data:`META_FORMATS` (or, for a family of records,
+:data:`META_PREFIXES`), or a dump holding it is refused.
 
 Formats:
 
@@ -18,6 +19,9 @@ key                 value
                     array of ``[generation, canonical event bytes]`` pairs
 ``outbox``          (older versions) every owed event in one msgpack array of
                     canonical event bytes; a node migrates it when it opens
+``unsure/<id>``     an ephemeral node's entity (``id``: its base64 entity id) whose
+                    head a local commit may have left holding an ancestor of another
+                    tip, until the durable peer's history settles it: empty
 ==================  ============================================================
 """
 
@@ -27,8 +31,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
+from mycelia.entity.runs import UNSURE_PREFIX
 from mycelia.errors import DecodeError
-from mycelia.proto import Event
+from mycelia.proto import EntityId, Event
 from mycelia.proto.codec import expect_bytes, expect_int, expect_list, unpack
 from mycelia.proto.ids import ID_LENGTH
 from mycelia.storage.engine import STORED_LIMITS
@@ -51,6 +56,7 @@ OUTBOX_PREFIX: Final = "outbox/"
 """One record per owed commit: ``outbox/`` and a zero-padded sequence number."""
 
 _KEY_LENGTH: Final = 32
+_SEQ_DIGITS: Final = 20
 
 
 def _node_key(value: bytes) -> None:
@@ -82,16 +88,37 @@ META_FORMATS: Final[Mapping[str, Callable[[bytes], None]]] = MappingProxyType(
     {NODE_KEY: _node_key, SYSTEM_ROOT: _system_root, OUTBOX: _outbox}
 )
 """Each known record's check: raises DecodeError for a value of the wrong form."""
-META_PREFIXES: Final[Mapping[str, Callable[[bytes], None]]] = MappingProxyType(
-    {OUTBOX_PREFIX: _owed_commit}
+
+
+def _sequence_number(suffix: str) -> bool:
+    return len(suffix) == _SEQ_DIGITS and suffix.isdigit()
+
+
+def _entity_id(suffix: str) -> bool:
+    try:
+        EntityId.from_base64(suffix)
+    except DecodeError:
+        return False
+    return True
+
+
+def _empty(value: bytes) -> None:
+    if value:
+        raise DecodeError(f"{len(value)} bytes where none belong")
+
+
+META_PREFIXES: Final[Mapping[str, tuple[Callable[[str], bool], Callable[[bytes], None]]]] = (
+    MappingProxyType(
+        {OUTBOX_PREFIX: (_sequence_number, _owed_commit), UNSURE_PREFIX: (_entity_id, _empty)}
+    )
 )
-"""Families of records (by key prefix) and their check."""
+"""Families of records (by key prefix): which suffixes name one, and the value's check."""
 
 
 def _by_prefix(key: str) -> Callable[[bytes], None] | None:
-    for prefix, check in META_PREFIXES.items():
+    for prefix, (names, check) in META_PREFIXES.items():
         suffix = key.removeprefix(prefix)
-        if suffix != key and len(suffix) == 20 and suffix.isdigit():
+        if suffix != key and names(suffix):
             return check
     return None
 
