@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import random
 import time
@@ -272,6 +273,40 @@ async def test_unread_answers_wait_for_room_then_the_peer_is_cut_off(
     await greedy.closed()
     await reader.close()
     await server.close()
+
+
+async def test_an_answer_cancelled_as_a_close_ends_its_wait_leaves_nothing_unretrieved(
+    node: Node,
+) -> None:
+    """The close wakes a wait for room (it ends with ConnectionClosed) in the step the
+    answer waiting on it is cancelled (the connection shuts down): that exception was
+    never retrieved, and the loop logged it once per answer (hundreds in a soak)."""
+    unretrieved: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda loop, context: unretrieved.append(context["message"])
+    )
+    near, far = memory_pair()
+    connection = node.accept(
+        far, request_timeout=10, handshake_timeout=10, outgoing_frames=4096
+    )
+    started, closed = asyncio.Event(), asyncio.Event()
+
+    async def room() -> None:
+        started.set()
+        await closed.wait()
+        raise ConnectionClosed("the connection closed")
+
+    answer = asyncio.ensure_future(connection._wait_room(room()))
+    await started.wait()
+    closed.set()  # the close wakes the wait for room...
+    answer.cancel()  # ...in the step its answer is cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await answer
+    del answer  # its cancellation's traceback holds the wait's frame, and so its task
+    await asyncio.sleep(0)  # one turn: the done-callbacks scheduled with it let go of it
+    gc.collect()  # a task whose exception nobody retrieved is reported when collected
+    assert unretrieved == []
+    await near.close()
 
 
 def node_pool_used(connection: PeerConnection) -> int:

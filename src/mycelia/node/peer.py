@@ -288,6 +288,10 @@ class PeerConnection:
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task})  # its room is given back (or taken over) first
+            if not task.cancelled():
+                # A close may end it (ConnectionClosed) in the step this wait is cancelled:
+                # its exception is seen here, not reported by the loop as never retrieved.
+                task.exception()
 
     def _gone(self) -> bool:
         """Whether the connection closed or is being cut off."""
