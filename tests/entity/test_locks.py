@@ -71,6 +71,30 @@ async def test_a_waiter_cancelled_or_failing_leaves_no_lock_behind() -> None:
     assert len(locks) == 0
 
 
+async def test_a_waiter_cancelled_just_before_a_release_passes_it_by_and_raises_cancelled() -> None:
+    """The release passes over a waiter cancelled in the same step (its turn is done), and
+    drops it from the queue: the waiter then found its turn gone and raised ValueError,
+    not CancelledError (seen in the soak: a client's update applier died of it)."""
+    locks = EntityLocks()
+    await locks.acquire(A)
+    cancelled = await _waiting(locks, A)
+    then = await _waiting(locks, A)
+    cancelled.cancel()
+    locks.release(A)  # before the cancelled waiter runs: to the next one
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await then
+    locks.release(A)
+    assert len(locks) == 0
+    await locks.acquire(B)
+    alone = await _waiting(locks, B)
+    alone.cancel()
+    locks.release(B)  # nobody left waiting: the lock goes
+    with pytest.raises(asyncio.CancelledError):
+        await alone
+    assert len(locks) == 0
+
+
 async def test_a_node_that_changed_a_thousand_entities_holds_no_lock_for_them() -> None:
     node = await Node.open(MemoryStorage(), durable=True)
     await node.create_system()

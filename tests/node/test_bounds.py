@@ -286,9 +286,7 @@ async def test_an_answer_cancelled_as_a_close_ends_its_wait_leaves_nothing_unret
         lambda loop, context: unretrieved.append(context["message"])
     )
     near, far = memory_pair()
-    connection = node.accept(
-        far, request_timeout=10, handshake_timeout=10, outgoing_frames=4096
-    )
+    connection = node.accept(far, request_timeout=10, handshake_timeout=10, outgoing_frames=4096)
     started, closed = asyncio.Event(), asyncio.Event()
 
     async def room() -> None:

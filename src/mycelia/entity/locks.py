@@ -9,7 +9,8 @@ Invariants:
   ``asyncio.Lock`` for the node's life: a server that touched 10 million entities held 10
   million of them.)
 - A waiter that is cancelled leaves nothing behind: if the lock was handed to it as it
-  was cancelled, it hands the lock on.
+  was cancelled, it hands the lock on; a release in the step it was cancelled passes it
+  by (and drops it from the queue), and it still raises CancelledError.
 - Taking a free lock does not suspend (:meth:`EntityLocks.try_acquire`): a one-entity
   commit pays a dictionary insert and delete for it.
 """
@@ -56,7 +57,7 @@ class EntityLocks:
         except BaseException:
             if turn.done() and not turn.cancelled():
                 self.release(entity_id)  # handed to us just as we were cancelled: pass it on
-            else:
+            elif turn in waiters:  # (a release in the step we were cancelled dropped it)
                 waiters.remove(turn)
             raise
 
