@@ -23,6 +23,7 @@ from mycelia.node.budget import Bounds, InFlight, Outgoing, Pool
 from mycelia.node.connections import BoundedConnection, Partial
 from mycelia.node.link import ConnectionState
 from mycelia.node.peer import PeerConnection
+from mycelia.node.serving import Responder
 from mycelia.node.transport import Transport, memory_pair
 from mycelia.proto.messages import Message, decode_frame, peek
 from mycelia.proto.peering import DeltasPage, DeltasResponse, GetRequest, SubscribeRequest
@@ -305,6 +306,34 @@ async def test_an_answer_cancelled_as_a_close_ends_its_wait_leaves_nothing_unret
     gc.collect()  # a task whose exception nobody retrieved is reported when collected
     assert unretrieved == []
     await near.close()
+
+
+async def test_a_subscription_answered_as_its_connection_closes_keeps_nothing_of_it(
+    node: Node,
+) -> None:
+    """An answer that finished while its connection was closing registered the standing
+    query and a feed task for it after the responder had forgotten the peer: the feed
+    (and the connection) stayed referenced for good, its task never ran again (seen in
+    the six-client soak as a task destroyed while pending)."""
+    near, far = memory_pair()
+    connection = node.accept(far, request_timeout=10, handshake_timeout=10, outgoing_frames=4096)
+    running = asyncio.ensure_future(connection.run())
+    await near.close()  # the peer leaves before its handshake: the connection closes
+    await running
+    assert connection.closed
+    responder = connection._answers
+    assert isinstance(responder, Responder)
+    with pytest.raises(ConnectionClosed):
+        await responder.handle(connection, SubscribeRequest(1, 1, "blobs", "", (), ()))
+    assert connection not in responder._queues
+    ran: list[bool] = []
+
+    async def work() -> None:
+        ran.append(True)
+
+    connection.spawn(work())  # closed unrun, not a task that outlives the connection
+    assert not connection._tasks
+    assert ran == []
 
 
 def node_pool_used(connection: PeerConnection) -> int:

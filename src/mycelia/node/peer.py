@@ -288,9 +288,7 @@ class PeerConnection:
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task})  # its room is given back (or taken over) first
-            if not task.cancelled():
-                # A close may end it (ConnectionClosed) in the step this wait is cancelled:
-                # its exception is seen here, not reported by the loop as never retrieved.
+            if not task.cancelled():  # a close ended it as this was cancelled: seen here
                 task.exception()
 
     def _gone(self) -> bool:
@@ -317,9 +315,18 @@ class PeerConnection:
         await self.transport.close()
         await self._closed.wait()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the connection closed or is closing: nothing more of it runs."""
+        return self._closed.is_set()
+
     def spawn(self, coro: Coroutine[object, object, None]) -> None:
-        """Run ``coro`` as a task owned by this connection (cancelled when it closes)."""
-        self._own(asyncio.ensure_future(coro))
+        """Run ``coro`` as a task owned by this connection, cancelled when it closes (one
+        begun as it closes would outlive it: ``coro`` is then closed unrun)."""
+        if self._closed.is_set():
+            coro.close()
+        else:
+            self._own(asyncio.ensure_future(coro))
 
     def _own(self, task: asyncio.Task[None]) -> None:
         self._tasks[task] = None

@@ -90,8 +90,13 @@ class Peer(Protocol):
         """Disconnect a peer that does not keep up (Overloaded, memory stays bounded)."""
         ...
 
+    @property
+    def closed(self) -> bool:
+        """Whether the connection closed or is closing (the responder then forgets it)."""
+        ...
+
     def spawn(self, coro: Coroutine[object, object, None]) -> None:
-        """Run ``coro`` as long as the connection lives."""
+        """Run ``coro`` as long as the connection lives (not at all once it is closing)."""
         ...
 
     async def close(self) -> None:

@@ -46,6 +46,7 @@ from typing import Final
 
 from mycelia.entity import EntityChange, EventCheck, IngestResult, Snapshot
 from mycelia.errors import (
+    ConnectionClosed,
     InvalidArgument,
     LocalProtocolError,
     MyceliaError,
@@ -300,6 +301,8 @@ class Responder:
             response = await _paged_deltas(peer, msg.request_id, deltas)
         finally:
             self._answering.discard(missed)
+        if peer.closed:  # forget(peer) has run or will: what is kept now would leak with it
+            raise ConnectionClosed("the connection closed while the subscription was answered")
         standing[msg.query_id] = fresh
         self._ensure_worker(peer)
         feed = self._queues[peer]
