@@ -336,6 +336,40 @@ async def test_a_subscription_answered_as_its_connection_closes_keeps_nothing_of
     assert ran == []
 
 
+async def test_a_connection_cancelled_while_it_flushes_at_close_still_lets_go_of_all(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its shutdown waited for the writer (a server stopping as a peer
+    leaves), a connection skipped the rest: its tasks ran on and the responder kept its
+    feed (seen in the five-node soak as a feed task destroyed while pending)."""
+    near, far = memory_pair()
+    connection = node.accept(far, request_timeout=10, handshake_timeout=10, outgoing_frames=4096)
+    flushing = asyncio.Event()
+
+    async def stuck_writer() -> None:  # the last frames never go out
+        await connection._closed.wait()
+        flushing.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(connection, "_write_loop", stuck_writer)
+
+    async def owned() -> None:  # a task of the connection's that would run on
+        await asyncio.Event().wait()
+
+    connection.spawn(owned())
+    (task,) = connection._tasks
+    running = asyncio.ensure_future(connection.run())
+    await near.close()  # the peer leaves: the connection shuts down, and waits to flush
+    await flushing.wait()
+    running.cancel()  # ...when the server stops
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert task.cancelled() or task.cancelling()
+    responder = connection._answers
+    assert isinstance(responder, Responder)
+    assert connection not in responder._queues
+
+
 def node_pool_used(connection: PeerConnection) -> int:
     return connection._me.answers.used
 

@@ -495,10 +495,11 @@ class PeerConnection:
                 await writer  # flush what is queued (a rejection, a last answer)
         except TimeoutError:
             writer.cancel()
-        self._outgoing.close(drop=True)
+        finally:  # cancelled meanwhile (the server stops), it still lets go of everything
+            self._outgoing.close(drop=True)
+            for task in list(self._tasks):
+                task.cancel()
+            self._answers.forget(self)
         await self.transport.close()
-        for task in list(self._tasks):
-            task.cancel()
-        self._answers.forget(self)
         if self.peer is not None and self._ready.is_set():
             log.info("peer %s disconnected (%s)", self.peer.node_id, self.error or "closed")
