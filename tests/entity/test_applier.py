@@ -6,6 +6,7 @@ test is built directly, as the node's composition root builds it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -65,15 +66,22 @@ async def _applier(
     asked: list[EventId] | None = None,
     residents: Residents | None = None,
     store: MemoryStorage | None = None,
+    gate: asyncio.Event | None = None,
+    asking: asyncio.Event | None = None,
 ) -> tuple[Applier, MemoryStorage]:
     """An applier of ``server``'s system on a fresh store, or on ``store`` as after a
     restart (``remote``: the history a peer would answer with, ``asked`` collects what it
-    was asked for; None: no peer)."""
+    was asked for; None: no peer; ``gate``: the peer answers only while it is set;
+    ``asking``: set once the peer is asked)."""
     store = MemoryStorage() if store is None else store
 
     async def ask(ids: Sequence[EventId], ahead: int) -> list[AdmittedEvent]:
         if asked is not None:
             asked.extend(ids)
+        if asking is not None:
+            asking.set()
+        if gate is not None:
+            await gate.wait()
         return [e for e in remote or () if e.id in ids]
 
     root = server.system_root
@@ -149,6 +157,44 @@ async def test_a_snapshot_base_is_taken_only_while_the_head_is_exactly_that_base
         assert len(entity.head) == width
 
 
+async def test_tidy_asks_the_peer_outside_the_lock_and_keeps_a_mark_made_meanwhile() -> None:
+    a = await _server()
+    note = await _note(a, title="g")
+    history: list[AdmittedEvent] = []
+    gate, asking = asyncio.Event(), asyncio.Event()
+    gate.set()
+    applier, store, mine, _, base = await _made_elsewhere_too(
+        a, note, history, gate=gate, asking=asking
+    )
+    await applier.commit_local([mine], bases={note: base})
+    gate.clear()  # the peer is slow to answer
+    asking.clear()
+    tidying = asyncio.ensure_future(applier.tidy())
+    await asyncio.wait_for(asking.wait(), 10)
+    # A commit meanwhile does not wait for the peer, and marks the head again.
+    entity = await applier.load(note)
+    assert entity is not None
+    fork, forked = applier.base(entity), entity.head
+    for rank in (2, 3):
+        await _edit(a, note, rank=rank)
+    newer = await a.storage.get_state(note)
+    assert newer is not None
+    try:
+        async with asyncio.timeout(5):  # (the entity's lock is free while tidy() waits)
+            await applier.ingest_states([newer], bases={note: forked})
+            await applier.commit_local([_update(note, forked, title="x")], bases={note: fork})
+    finally:
+        gate.set()
+        await tidying
+    marked = applier.untidy  # the later mark stands: the next call settles its head
+    assert marked
+    assert len(await store.scan_meta(UNSURE_PREFIX)) == 1
+    history += await a.storage.events_of(note)
+    await applier.tidy()
+    assert not applier.untidy
+    assert await store.scan_meta(UNSURE_PREFIX) == []
+
+
 @pytest.mark.parametrize("peer", [False, True], ids=["no peer", "a peer to tidy with"])
 async def test_a_local_commit_forked_before_a_snapshot_moved_the_head_is_placed(
     peer: bool,
@@ -181,13 +227,19 @@ async def test_a_local_commit_forked_before_a_snapshot_moved_the_head_is_placed(
 
 
 async def _made_elsewhere_too(
-    a: Node, note: EntityId, history: list[AdmittedEvent]
+    a: Node,
+    note: EntityId,
+    history: list[AdmittedEvent],
+    *,
+    gate: asyncio.Event | None = None,
+    asking: asyncio.Event | None = None,
 ) -> tuple[Applier, MemoryStorage, Event, EntityState, ForkBase]:
     """An ephemeral applier forks ``note``; the server makes the very same edit on the same
     head (the same event, content-addressed) and builds on it, and the applier merges that
     snapshot before it commits. Returns the applier, its store, the edit, the snapshot and
-    the fork's base (``history``: what the peer answers, filled in here)."""
-    applier, store = await _applier(a, remote=history)
+    the fork's base (``history``: what the peer answers, filled in here; ``gate`` and
+    ``asking`` as for :func:`_applier`)."""
+    applier, store = await _applier(a, remote=history, gate=gate, asking=asking)
     _, held, base = await _holding(applier, a, note)
     mine = _update(note, held.head, title="same")
     await a.ingest([mine])

@@ -130,10 +130,11 @@ class Applier:
         self.locks = EntityLocks()
         """The locks that serialise changes to each entity (while they are used)."""
         self._epochs: dict[EntityId, int] = {}
-        self._unsure: set[EntityId] = set()
+        self._unsure: dict[EntityId, int] = {}
         """Entities whose head a local commit may have left holding an ancestor of another
-        tip (:meth:`_plan_fresh`), each marked by a meta record written with the commit
-        (:func:`~mycelia.storage.meta.unsure_record`); :meth:`tidy` settles them."""
+        tip (:meth:`_plan_fresh`), with how many times; each is marked by a meta record
+        written with the commit (:func:`~mycelia.entity.runs.unsure_record`); :meth:`tidy`
+        settles them."""
 
     @property
     def pending(self) -> PendingPool:
@@ -406,7 +407,7 @@ class Applier:
             # parents and edits, so the same edit made on the same head elsewhere is the
             # same event, and a snapshot merged since the fork may descend from it. Its
             # tips' history is the durable peer's: tidy() asks it.
-            self._unsure.add(entity.entity_id)
+            self._unsure[entity.entity_id] = self._unsure.get(entity.entity_id, 0) + 1
         changed: set[str] = set()
         for event in staged:
             changed |= entity.apply(event)
@@ -423,37 +424,56 @@ class Applier:
 
     def keep_unsure(self, entity_ids: Iterable[EntityId]) -> None:
         """Take up the unsure heads an earlier run marked (their meta records), at open."""
-        self._unsure.update(entity_ids)
+        self._unsure.update(dict.fromkeys(entity_ids, 1))
 
     async def tidy(self) -> None:
         """Drop from each head a local commit left unsure the tips that the durable peer's
         history shows are ancestors of another tip (see the module docstring), and its
-        mark; an entity whose history cannot be fetched (or written) now stays unsure, for
-        the next call. Never raises for one entity's trouble."""
-        for entity_id in sorted(self._unsure):
-            settled = (unsure_record(entity_id, settled=True),)
+        mark unless a commit marked it again meanwhile. The history is fetched before the
+        entity's lock is taken (a commit never waits for the peer); ancestry does not
+        change, so the tips it shows stale are dropped from whatever the head is by then.
+        An entity whose history cannot be fetched (or written) now stays unsure, for the
+        next call. Never raises for one entity's trouble."""
+        for entity_id, marks in sorted(self._unsure.items()):
+            epoch = self._epochs.get(entity_id, 0)
             try:
-                async with self.staging((entity_id,), IngestResult(), meta=settled) as run:
-                    run.add(await self._tidied(entity_id))
-                    self._unsure.discard(entity_id)  # under its lock: no commit marks it now
+                stale, events = await self._stale_tips(entity_id)
+                async with self.staging((entity_id,), IngestResult()) as run:
+                    if self._epochs.get(entity_id, 0) != epoch:
+                        continue  # reset meanwhile: the next call looks again
+                    run.add(await self._without(entity_id, stale, events))
+                    if self._unsure.get(entity_id) == marks:
+                        del self._unsure[entity_id]
+                        run.meta = (unsure_record(entity_id, settled=True),)
             except MyceliaError as exc:  # the history, or the write: the next call retries
-                self._unsure.add(entity_id)
+                self._unsure.setdefault(entity_id, marks)
                 log.info("the head of %s stays unsure for now: %s", entity_id, exc)
 
-    async def _tidied(self, entity_id: EntityId) -> Plan | None:
+    async def _stale_tips(self, entity_id: EntityId) -> tuple[set[EventId], list[AdmittedEvent]]:
+        """The tips of the entity's head that are ancestors of another, and the events
+        fetched to know it."""
         entity = await self.load(entity_id)
         if entity is None or not entity.exists or len(entity.head) < 2:
-            return None
+            return set(), []
+        tips = dict(entity.head_generations)
         getter = self._placement.getter(entity_id, StagingMap())
-        tips = entity.head_generations
-        head = await drop_known_ancestors(
+        kept = await drop_known_ancestors(
             tips, getter, root=EventId(entity_id), budget=self._budget, complete=True
         )
-        if len(head) == len(tips):
+        return set(tips).difference(kept), fetched(getter)
+
+    async def _without(
+        self, entity_id: EntityId, stale: set[EventId], events: list[AdmittedEvent]
+    ) -> Plan | None:
+        entity = await self.load(entity_id)
+        if entity is None or not stale.intersection(entity.head_map):
+            return None
+        head = {i: g for i, g in entity.head_generations.items() if i not in stale}
+        if not head:
             return None
         before = entity.snapshot()
         entity.set_head(head)
-        return self._resident(Plan(entity, before, fetched(getter), [], set(), snapshot=True))
+        return self._resident(Plan(entity, before, events, [], set(), snapshot=True))
 
     # -- snapshots -----------------------------------------------------------------------
 
