@@ -23,7 +23,7 @@ from mycelia.entity import (
     Snapshot,
 )
 from mycelia.entity import placement as placement_module
-from mycelia.entity.runs import UNSURE_PREFIX
+from mycelia.entity.unsure import UNSURE_PREFIX
 from mycelia.entity.values import encode_value
 from mycelia.errors import CommitReverted, DecodeError, EventNotFound, PolicyDenied
 from mycelia.event_dag import missing
@@ -169,7 +169,7 @@ async def test_tidy_asks_the_peer_outside_the_lock_and_keeps_a_mark_made_meanwhi
     await applier.commit_local([mine], bases={note: base})
     gate.clear()  # the peer is slow to answer
     asking.clear()
-    tidying = asyncio.ensure_future(applier.tidy())
+    tidying = asyncio.ensure_future(applier.unsure.tidy())
     await asyncio.wait_for(asking.wait(), 10)
     # A commit meanwhile does not wait for the peer, and marks the head again.
     entity = await applier.load(note)
@@ -186,12 +186,12 @@ async def test_tidy_asks_the_peer_outside_the_lock_and_keeps_a_mark_made_meanwhi
     finally:
         gate.set()
         await tidying
-    marked = applier.untidy  # the later mark stands: the next call settles its head
+    marked = bool(applier.unsure)  # the later mark stands: the next call settles its head
     assert marked
     assert len(await store.scan_meta(UNSURE_PREFIX)) == 1
     history += await a.storage.events_of(note)
-    await applier.tidy()
-    assert not applier.untidy
+    await applier.unsure.tidy()
+    assert not bool(applier.unsure)
     assert await store.scan_meta(UNSURE_PREFIX) == []
 
 
@@ -215,9 +215,9 @@ async def test_a_local_commit_forked_before_a_snapshot_moved_the_head_is_placed(
     await applier.ingest_states([later], bases={note: held.head})  # the fork's head is gone
     history += await a.storage.events_of(note)
     result = await applier.commit_local([mine], bases={note: base})
-    assert applier.untidy is peer
-    await applier.tidy()
-    assert not applier.untidy
+    assert bool(applier.unsure) is peer
+    await applier.unsure.tidy()
+    assert not bool(applier.unsure)
     entity = await applier.load(note)
     assert entity is not None
     assert [e.id for e in result.stored] == [mine.id]
@@ -260,13 +260,13 @@ async def test_the_same_edit_made_elsewhere_below_a_merged_head_is_tidied_away()
     history: list[AdmittedEvent] = []
     applier, store, mine, later, base = await _made_elsewhere_too(a, note, history)
     await applier.commit_local([mine], bases={note: base})
-    marked = applier.untidy
+    marked = bool(applier.unsure)
     assert marked
     assert [key for key, _ in await store.scan_meta(UNSURE_PREFIX)] == [
         f"{UNSURE_PREFIX}{note.to_base64()}"
     ]
-    await applier.tidy()
-    assert not applier.untidy
+    await applier.unsure.tidy()
+    assert not bool(applier.unsure)
     assert await store.scan_meta(UNSURE_PREFIX) == []
     stored = await store.get_state(note)
     assert stored is not None
@@ -281,14 +281,14 @@ async def test_an_unsure_head_stays_marked_while_the_peer_cannot_be_asked() -> N
     applier, store, mine, later, base = await _made_elsewhere_too(a, note, history)
     history.clear()  # the peer is unreachable: it answers nothing
     await applier.commit_local([mine], bases={note: base})
-    await applier.tidy()
-    assert applier.untidy
+    await applier.unsure.tidy()
+    assert bool(applier.unsure)
     assert len(await store.scan_meta(UNSURE_PREFIX)) == 1
     # A restart takes the mark up from its record, and tidies once the peer answers.
     history += await a.storage.events_of(note)
     again, _ = await _applier(a, remote=history, store=store)
-    again.keep_unsure([note])  # as the node does from the records (Outbox.unsure)
-    await again.tidy()
+    again.unsure.keep([note])  # as the node does from the records (Outbox.unsure)
+    await again.unsure.tidy()
     stored = await store.get_state(note)
     assert stored is not None
     assert stored.state.head == later.state.head

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from mycelia import Model, Node
-from mycelia.entity.runs import UNSURE_PREFIX, unsure_record
+from mycelia.entity.unsure import UNSURE_PREFIX, unsure_record
 from mycelia.errors import DecodeError
 from mycelia.node.identity import KEY_META
 from mycelia.node.node import ROOT_KEY

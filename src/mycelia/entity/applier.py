@@ -17,8 +17,7 @@ Four ways in, one staging discipline (:meth:`Applier.staging`):
   descendants this node holds no events of (the race of the client-side issue). Such a
   snapshot may descend from the very same event, made by another node with the same edit
   on the same head: where that is possible, the head is marked unsure (durably, with the
-  commit) and :meth:`~Applier.tidy` later drops the tips the durable peer's history shows
-  are ancestors of others;
+  commit) and later tidied (:mod:`mycelia.entity.unsure`);
 - :meth:`~Applier.ingest_states` — state snapshots from a durable peer, merged (every
   backend is a state CRDT; the head is decided by comparison);
 - :meth:`~Applier.reset` — an ephemeral node replaces entities with its durable peer's
@@ -61,17 +60,10 @@ from mycelia.entity.runs import (
     Run,
     Staging,
     fetched,
-    unsure_record,
 )
-from mycelia.entity.snapshots import (
-    adopted,
-    drop_known_ancestors,
-    merged,
-    merged_head,
-    replaced,
-)
-from mycelia.entity.verdicts import above_head
-from mycelia.errors import CommitReverted, InvalidEvent, MyceliaError
+from mycelia.entity.snapshots import merged_plan, replaced
+from mycelia.entity.unsure import UnsureHeads
+from mycelia.errors import CommitReverted, MyceliaError
 from mycelia.event_dag import DEFAULT_BUDGET
 from mycelia.proto import (
     DEFAULT_LIMITS,
@@ -130,11 +122,16 @@ class Applier:
         self.locks = EntityLocks()
         """The locks that serialise changes to each entity (while they are used)."""
         self._epochs: dict[EntityId, int] = {}
-        self._unsure: dict[EntityId, int] = {}
-        """Entities whose head a local commit may have left holding an ancestor of another
-        tip (:meth:`_plan_fresh`), with how many times; each is marked by a meta record
-        written with the commit (:func:`~mycelia.entity.runs.unsure_record`); :meth:`tidy`
-        settles them."""
+        self.unsure = UnsureHeads(
+            staging=self.staging,
+            load=self.load,
+            placement=self._placement,
+            residents=residents,
+            epochs=self._epochs,
+            budget=budget,
+        )
+        """The heads a local commit may have left holding an ancestor of another tip, and
+        their tidying (:mod:`mycelia.entity.unsure`; only where a durable peer can tell)."""
 
     @property
     def pending(self) -> PendingPool:
@@ -379,8 +376,7 @@ class Applier:
             known = await self._store.get_events(unsure) if unsure else {}
             for entity, group, base in work:
                 run.add(self._plan_fresh(entity, group, base, known), check)
-            if self._unsure:
-                run.meta = (*run.meta, *(unsure_record(i) for i in groups if i in self._unsure))
+            run.meta = (*run.meta, *self.unsure.records(groups))
             if record is not None:
                 run.meta = (*run.meta, *record([e for p in run.plans for e in p.staged]))
         return result
@@ -401,13 +397,8 @@ class Applier:
         if not staged:
             return None
         before = entity.snapshot()
-        moved = self._remote is not None and entity.head_map != base.head
-        if moved and not above_head(entity.head_map, entity.top_generation, staged):
-            # Fresh content, not always a new event: an update's id binds only its entity,
-            # parents and edits, so the same edit made on the same head elsewhere is the
-            # same event, and a snapshot merged since the fork may descend from it. Its
-            # tips' history is the durable peer's: tidy() asks it.
-            self._unsure[entity.entity_id] = self._unsure.get(entity.entity_id, 0) + 1
+        if self._remote is not None:  # the same edit made elsewhere may be below its head
+            self.unsure.note(entity, base.head, staged)
         changed: set[str] = set()
         for event in staged:
             changed |= entity.apply(event)
@@ -416,64 +407,6 @@ class Applier:
         entity.advance(staged)
         self._residents.put(entity)
         return Plan(entity, before, staged, staged, changed)
-
-    @property
-    def untidy(self) -> bool:
-        """Whether a head may hold an ancestor of another tip (:meth:`tidy` settles it)."""
-        return bool(self._unsure)
-
-    def keep_unsure(self, entity_ids: Iterable[EntityId]) -> None:
-        """Take up the unsure heads an earlier run marked (their meta records), at open."""
-        self._unsure.update(dict.fromkeys(entity_ids, 1))
-
-    async def tidy(self) -> None:
-        """Drop from each head a local commit left unsure the tips that the durable peer's
-        history shows are ancestors of another tip (see the module docstring), and its
-        mark unless a commit marked it again meanwhile. The history is fetched before the
-        entity's lock is taken (a commit never waits for the peer); ancestry does not
-        change, so the tips it shows stale are dropped from whatever the head is by then.
-        An entity whose history cannot be fetched (or written) now stays unsure, for the
-        next call. Never raises for one entity's trouble."""
-        for entity_id, marks in sorted(self._unsure.items()):
-            epoch = self._epochs.get(entity_id, 0)
-            try:
-                stale, events = await self._stale_tips(entity_id)
-                async with self.staging((entity_id,), IngestResult()) as run:
-                    if self._epochs.get(entity_id, 0) != epoch:
-                        continue  # reset meanwhile: the next call looks again
-                    run.add(await self._without(entity_id, stale, events))
-                    if self._unsure.get(entity_id) == marks:
-                        del self._unsure[entity_id]
-                        run.meta = (unsure_record(entity_id, settled=True),)
-            except MyceliaError as exc:  # the history, or the write: the next call retries
-                self._unsure.setdefault(entity_id, marks)
-                log.info("the head of %s stays unsure for now: %s", entity_id, exc)
-
-    async def _stale_tips(self, entity_id: EntityId) -> tuple[set[EventId], list[AdmittedEvent]]:
-        """The tips of the entity's head that are ancestors of another, and the events
-        fetched to know it."""
-        entity = await self.load(entity_id)
-        if entity is None or not entity.exists or len(entity.head) < 2:
-            return set(), []
-        tips = dict(entity.head_generations)
-        getter = self._placement.getter(entity_id, StagingMap())
-        kept = await drop_known_ancestors(
-            tips, getter, root=EventId(entity_id), budget=self._budget, complete=True
-        )
-        return set(tips).difference(kept), fetched(getter)
-
-    async def _without(
-        self, entity_id: EntityId, stale: set[EventId], events: list[AdmittedEvent]
-    ) -> Plan | None:
-        entity = await self.load(entity_id)
-        if entity is None or not stale.intersection(entity.head_map):
-            return None
-        head = {i: g for i, g in entity.head_generations.items() if i not in stale}
-        if not head:
-            return None
-        before = entity.snapshot()
-        entity.set_head(head)
-        return self._resident(Plan(entity, before, events, [], set(), snapshot=True))
 
     # -- snapshots -----------------------------------------------------------------------
 
@@ -506,31 +439,18 @@ class Applier:
         return result
 
     async def _merge_state(self, incoming: EntityState, base: Clock | None) -> Plan | None:
-        entity_id, cache = incoming.entity_id, not self._durable
-        entity = await self.load(entity_id)
-        if entity is not None and incoming.collection != entity.collection:
-            raise InvalidEvent(
-                f"snapshot of {entity_id} names collection {incoming.collection!r}, "
-                f"not {entity.collection!r}"
-            )
-        if entity is None or not entity.exists:
-            plan = adopted(incoming, cache=cache)
-        elif base is not None and entity.head == base:
-            plan = merged(entity, incoming, incoming.state.head_generations(), cache=cache)
-        else:
-            getter = self._placement.getter(entity_id, StagingMap())
-            head = await merged_head(
-                entity,
-                incoming,
-                getter,
-                self._store,
-                budget=self._budget,
-                fetching=self._remote is not None,
-            )
-            if head is None:
-                return None
-            plan = merged(entity, incoming, head, cache=cache, staged=fetched(getter))
-        return self._resident(plan)
+        entity_id = incoming.entity_id
+        plan = await merged_plan(
+            await self.load(entity_id),
+            incoming,
+            base,
+            lambda: self._placement.getter(entity_id, StagingMap()),
+            self._store,
+            budget=self._budget,
+            fetching=self._remote is not None,
+            cache=not self._durable,
+        )
+        return None if plan is None else self._resident(plan)
 
     async def reset(
         self,

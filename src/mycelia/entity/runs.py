@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import Final
 
 from mycelia.entity.entity import Entity, Snapshot
 from mycelia.entity.locks import EntityLocks
@@ -27,7 +26,6 @@ from mycelia.retrieval import CachedGetter, EventSource, LocalGetter, StoredStat
 
 __all__ = [
     "NEW_ENTITY",
-    "UNSURE_PREFIX",
     "Adopted",
     "EntityChange",
     "EventCheck",
@@ -40,20 +38,10 @@ __all__ = [
     "Staging",
     "differing",
     "fetched",
-    "unsure_record",
 ]
 
 Meta = tuple[tuple[str, bytes | None], ...]
 """Meta records written with a run: (key, value), ``None`` deletes."""
-
-UNSURE_PREFIX: Final = "unsure/"
-"""The meta records of the entities whose head a local commit may have left holding an
-ancestor of another tip (``unsure/`` and the entity's base64 id; the value is empty)."""
-
-
-def unsure_record(entity_id: EntityId, *, settled: bool = False) -> tuple[str, bytes | None]:
-    """The meta record marking ``entity_id``'s head unsure (``settled``: deleting it)."""
-    return f"{UNSURE_PREFIX}{entity_id.to_base64()}", None if settled else b""
 
 
 @dataclass(frozen=True, slots=True)

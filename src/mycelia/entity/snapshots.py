@@ -21,21 +21,29 @@ be wider than the true head, never narrower, and a later comparison settles it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
 from mycelia.entity.entity import Entity, Snapshot, plain_values
-from mycelia.entity.runs import Adopted, Plan, differing
+from mycelia.entity.runs import Adopted, Plan, differing, fetched
 from mycelia.entity.verdicts import Action, action_for, head_after, rejection
-from mycelia.errors import EventNotFound
+from mycelia.errors import EventNotFound, InvalidEvent
 from mycelia.event_dag import compare
-from mycelia.proto import EMPTY_CLOCK, AdmittedEvent, EntityId, EntityState, EventId
+from mycelia.proto import EMPTY_CLOCK, AdmittedEvent, Clock, EntityId, EntityState, EventId
 from mycelia.retrieval import EventSource, LocalGetter, local_first
 
 log = logging.getLogger(__name__)
 
-__all__ = ["absent", "adopted", "drop_known_ancestors", "merged", "merged_head", "replaced"]
+__all__ = [
+    "absent",
+    "adopted",
+    "drop_known_ancestors",
+    "merged",
+    "merged_head",
+    "merged_plan",
+    "replaced",
+]
 
 
 def adopted(incoming: EntityState, *, cache: bool) -> Plan:
@@ -166,6 +174,39 @@ def _require(ids: Iterable[EventId], found: Mapping[EventId, AdmittedEvent]) -> 
     for event_id in ids:
         if event_id not in found:
             raise EventNotFound(f"event {event_id} is not held here", event_id=event_id)
+
+
+async def merged_plan(
+    entity: Entity | None,
+    incoming: EntityState,
+    base: Clock | None,
+    getter: Callable[[], LocalGetter],
+    events: EventSource,
+    *,
+    budget: int,
+    fetching: bool,
+    cache: bool,
+) -> Plan | None:
+    """The plan that merges the snapshot ``incoming`` into ``entity`` (``None``: not held
+    here; the plan's ``None``: it adds nothing). ``base`` is a head the snapshot strictly
+    descends from on a trusted peer's word: while the entity has exactly that head, the
+    snapshot's head is taken without a comparison; otherwise :func:`merged_head` decides,
+    through ``getter()``. Raises InvalidEvent for another collection, and what
+    :func:`merged_head` raises."""
+    if entity is not None and incoming.collection != entity.collection:
+        raise InvalidEvent(
+            f"snapshot of {incoming.entity_id} names collection {incoming.collection!r}, "
+            f"not {entity.collection!r}"
+        )
+    if entity is None or not entity.exists:
+        return adopted(incoming, cache=cache)
+    if base is not None and entity.head == base:
+        return merged(entity, incoming, incoming.state.head_generations(), cache=cache)
+    history = getter()
+    head = await merged_head(entity, incoming, history, events, budget=budget, fetching=fetching)
+    if head is None:
+        return None
+    return merged(entity, incoming, head, cache=cache, staged=fetched(history))
 
 
 async def merged_head(

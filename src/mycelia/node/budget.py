@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Final
 
@@ -46,6 +46,7 @@ __all__ = [
     "STALL_TIMEOUT",
     "Bounds",
     "Pool",
+    "wait_for_room",
 ]
 
 OUTGOING_BYTES: Final = 8 * 1024 * 1024
@@ -341,3 +342,37 @@ class InFlight:
         self.size = max(0, self.size - size)
         if self.count < self._max_count and self.size < self._max_size:
             self._room.set()
+
+
+async def wait_for_room(
+    waiting: Coroutine[object, object, None],
+    outgoing: Outgoing,
+    *,
+    stall_timeout: float,
+    gone: Callable[[], bool],
+    cut_off: Callable[[str], None],
+) -> None:
+    """Run ``waiting`` (it waits for room in ``outgoing`` and the node's pool); raises
+    ConnectionClosed once the connection is ``gone()``, and cuts the peer off (then
+    raises) if it waits ``stall_timeout`` with frames queued for it and none written
+    meanwhile. However it ends, ``waiting`` has ended first (its room given back or taken
+    over) and its outcome is seen (a close may end it as this is cancelled)."""
+    task = asyncio.ensure_future(waiting)
+    try:
+        while True:
+            written = outgoing.written_frames
+            await asyncio.wait({task}, timeout=stall_timeout)
+            if task.done():
+                task.result()
+                return
+            if gone():
+                raise ConnectionClosed("the connection closed")
+            if outgoing.stuck(written):
+                cut_off(f"nothing was written for {stall_timeout:g} s")
+                raise ConnectionClosed("slow consumer: cut off")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()

@@ -152,7 +152,7 @@ class CommitPipeline:
         unsure (call once, at open)."""
         for owed in await self._outbox.load():
             self._owed[owed.seq] = self._pending(owed)
-        self._applier.keep_unsure(await self._outbox.unsure())
+        self._applier.unsure.keep(await self._outbox.unsure())
 
     # -- committing ----------------------------------------------------------------------
 
@@ -399,8 +399,7 @@ class CommitPipeline:
                 await self._storage.write(WriteBatch(meta=Outbox.settled(done)))
             except MyceliaError as exc:  # harmless: settled records are pushed once more
                 log.warning("could not settle %d confirmed commits: %s", len(done), exc)
-        if self._applier.untidy:  # the durable peer holds what a confirmed commit built on
-            await self._applier.tidy()
+        await self._applier.unsure.tidy()  # the peer holds what a confirmed commit built on
 
     # -- reverting -------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from mycelia.entity.runs import UNSURE_PREFIX
+from mycelia.entity.unsure import UNSURE_PREFIX
 from mycelia.errors import DecodeError, StorageCorrupt
 from mycelia.proto import AdmittedEvent, EntityId, Event, EventId
 from mycelia.proto.codec import expect_bytes, expect_int, expect_list, pack, unpack
@@ -79,7 +79,7 @@ class Outbox:
         self._next = 1
 
     async def unsure(self) -> list[EntityId]:
-        """The entities whose head a local commit left unsure (:meth:`Applier.tidy`)."""
+        """The entities whose head a local commit left unsure (:mod:`mycelia.entity.unsure`)."""
         unsure = []
         for key, _ in await self._storage.scan_meta(UNSURE_PREFIX):
             try:

@@ -44,7 +44,7 @@ from mycelia.errors import (
     RemoteProtocolError,
     RequestTimeout,
 )
-from mycelia.node.budget import DEFAULT_BOUNDS, Bounds
+from mycelia.node.budget import DEFAULT_BOUNDS, Bounds, wait_for_room
 from mycelia.node.outstanding import Outstanding, Streamed, seen
 from mycelia.node.peer_parts import (
     Committed,
@@ -269,27 +269,11 @@ class PeerConnection:
         await self._wait_room(self._outgoing.put(size, lambda: encode_frame(msg), slot=slot))
 
     async def _wait_room(self, waiting: Coroutine[object, object, None]) -> None:
-        """Run ``waiting`` (it waits for room in the budgets); cut the peer off if it
-        waits the stall timeout with frames queued for it and none written meanwhile."""
-        task = asyncio.ensure_future(waiting)
-        try:
-            while True:
-                written = self._outgoing.written_frames
-                await asyncio.wait({task}, timeout=self._bounds.stall_timeout)
-                if task.done():
-                    task.result()
-                    return
-                if self._gone():
-                    raise ConnectionClosed("the connection closed")
-                if self._outgoing.stuck(written):
-                    self.cut_off(f"nothing was written for {self._bounds.stall_timeout:g} s")
-                    raise ConnectionClosed("slow consumer: cut off")
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.wait({task})  # its room is given back (or taken over) first
-            if not task.cancelled():  # a close ended it as this was cancelled: seen here
-                task.exception()
+        """Run ``waiting`` until there is room (:func:`~mycelia.node.budget.wait_for_room`)."""
+        stall = self._bounds.stall_timeout
+        await wait_for_room(
+            waiting, self._outgoing, stall_timeout=stall, gone=self._gone, cut_off=self.cut_off
+        )
 
     def _gone(self) -> bool:
         """Whether the connection closed or is being cut off."""

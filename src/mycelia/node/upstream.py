@@ -150,8 +150,7 @@ class Upstream:
             await self._commits.wait_pushed(session)
         for live in list(self._following.values()):
             await self._subscribe(session, live)
-        if self._applier.untidy:  # heads an offline commit left unsure (Applier.tidy)
-            await self._applier.tidy()
+        await self._applier.unsure.tidy()  # heads a commit left unsure (mycelia.entity.unsure)
 
     async def stopped(self) -> None:
         """Wait until the work of ended sessions is finished (the node is closing)."""

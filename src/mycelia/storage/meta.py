@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
-from mycelia.entity.runs import UNSURE_PREFIX
+from mycelia.entity.unsure import UNSURE_PREFIX
 from mycelia.errors import DecodeError
 from mycelia.proto import EntityId, Event
 from mycelia.proto.codec import expect_bytes, expect_int, expect_list, unpack
