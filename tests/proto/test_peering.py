@@ -7,14 +7,16 @@ import gc
 import tracemalloc
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mycelia.errors import DecodeError, InvalidArgument, PayloadTooLarge, RemoteProtocolError
 from mycelia.proto import DEFAULT_LIMITS, EntityId, EventId
-from mycelia.proto.codec import COUNTED_PAYLOAD, pack, unpack
+from mycelia.proto import peering as peering_module
+from mycelia.proto.codec import COUNTED_PAYLOAD, expect_name, pack, unpack
 from mycelia.proto.messages import Message, decode_frame, encode_frame, message_types, peek
 from mycelia.proto.peering import (
+    DELTAS,
     PAGES,
     REQUESTS,
     RESPONSES,
@@ -207,3 +209,67 @@ def test_a_large_frame_decodes_with_no_collection_and_the_collector_resumes() ->
     with pytest.raises(DecodeError):
         decode_frame(frame[:-3])
     assert gc.isenabled()
+
+
+_ID = bytes(range(32))
+_plain_state_wire = [[bytes(32)], [1], [["lww", b"\x90"]]]
+_DELTA_FIELDS: list[list[object]] = [  # per field: its common form first, then others
+    [_ID, bytes(31), 7],
+    ["albums", "9bad", 3],
+    [True, False, 1, 2, "yes"],
+    [
+        None,
+        [_ID, "albums", _plain_state_wire],
+        [bytes(32), "albums", _plain_state_wire],
+        [_ID, "albums", [[], [], []]],
+        [_ID, "nope!", _plain_state_wire],
+        [_ID, "albums", [[bytes(32)], [0], []]],
+        [_ID, "albums"],
+        4,
+    ],
+    [[], [golden_events()[1].to_bytes()], [b"junk"], [3], 3],
+    [None, [bytes(32)], [b"x"], 5],
+]
+near_plain_deltas = st.dictionaries(st.integers(0, 5), st.integers(0, 7), max_size=3).map(
+    lambda changes: [
+        options[changes[i] % len(options)] if i in changes else options[0]
+        for i, options in enumerate(_DELTA_FIELDS)
+    ]
+)
+
+
+def _deltas_decoded(items: list[object]) -> tuple[Delta, ...] | type[Exception]:
+    try:
+        return DELTAS.decode(items, "deltas", DEFAULT_LIMITS)
+    except Exception as exc:  # the outcome compared: the deltas, or the error's type
+        return type(exc)
+
+
+@given(near_plain_deltas)
+@example([_ID, "albums", False, None, [], None])
+@example([_ID, "albums", 1, None, [], None])  # an integer for matches: the checked path
+def test_the_one_step_decoding_of_a_common_delta_agrees_with_the_checked_one(
+    delta: list[object],
+) -> None:
+    items: list[object] = [delta, [_ID, "albums", True, None, [], None]]
+    for name in ("albums", "lww"):
+        expect_name(name, "name")  # known: the fast path may take them
+    fast = _deltas_decoded(items)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(peering_module, "_plain_delta", lambda obj, names, limits: None)
+        checked = _deltas_decoded(items)
+    assert fast == checked
+
+
+def test_a_subscription_answer_and_a_pushed_update_take_the_one_step_decoding() -> None:
+    state = EntityState(EntityId(_ID), "albums", State.of(head={EventId(bytes(32)): 1}, buffers={}))
+    event = golden_events()[1]
+    deltas = (
+        Delta(EntityId(_ID), "albums", True, state, ()),
+        Delta(event.entity_id, "albums", True, None, (event,)),
+    )
+    wire = unpack(pack([d.to_wire() for d in deltas]))
+    assert isinstance(wire, list)
+    expect_name("albums", "name")
+    assert all(peering_module._plain_delta(w, {"albums"}, DEFAULT_LIMITS) for w in wire)
+    assert DELTAS.decode(wire, "deltas", DEFAULT_LIMITS) == deltas

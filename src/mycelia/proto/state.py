@@ -31,7 +31,7 @@ from mycelia.proto.codec import (
 from mycelia.proto.ids import ID_LENGTH, EntityId, EventId
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["Attested", "Buffer", "Deferred", "EntityState", "Merge", "State"]
+__all__ = ["Attested", "Buffer", "Deferred", "EntityState", "Merge", "State", "plain_entity_state"]
 
 T = TypeVar("T")
 
@@ -311,6 +311,23 @@ def _plain_state(obj: object, names: set[str]) -> State | None:
     return State._of_bytes(Clock.single(EventId._trusted(event_id)), (generation,), tuple(pairs))
 
 
+def plain_entity_state(obj: object, names: set[str]) -> EntityState | None:
+    """:meth:`EntityState.from_wire` of ``obj`` in the common shape (an entity id, a known
+    collection, a state :func:`_plain_state` takes), checked with no call per field;
+    ``None`` for any other shape, which :meth:`EntityState.from_wire` checks field by field.
+    (A fresh client decodes a thousand of them per sync: the checked path cost twice as
+    much.)"""
+    if type(obj) is not list or len(obj) != 3:
+        return None
+    entity, collection, raw = obj
+    if type(entity) is not bytes or len(entity) != ID_LENGTH:
+        return None
+    if type(collection) is not str or collection not in names:
+        return None
+    state = _plain_state(raw, names)
+    return None if state is None else EntityState(EntityId._trusted(entity), collection, state)
+
+
 Merge = Callable[[str, tuple[bytes, ...]], bytes]
 """How a reader of stored states merges a buffer's parts: (backend name, parts) → buffer;
 raises DecodeError for a backend whose buffers have no parts."""
@@ -341,6 +358,9 @@ class EntityState:
     ) -> EntityState:
         """Decode :meth:`to_wire` (and :meth:`to_stored` given ``merge``, see
         :meth:`State.from_wire`); raises DecodeError on any malformed field."""
+        plain = plain_entity_state(obj, valid_names(limits))
+        if plain is not None:
+            return plain
         entity_raw, collection, state = expect_list(obj, "entity state", length=3)
         entity = EntityId._trusted(expect_bytes(entity_raw, "entity id", length=ID_LENGTH))
         if type(collection) is not str or collection not in valid_names(limits):
