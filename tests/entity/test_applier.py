@@ -26,7 +26,7 @@ from mycelia.entity import placement as placement_module
 from mycelia.entity.unsure import UNSURE_PREFIX
 from mycelia.entity.values import encode_value
 from mycelia.errors import CommitReverted, DecodeError, EventNotFound, PolicyDenied
-from mycelia.event_dag import missing
+from mycelia.event_dag import DEFAULT_BUDGET, missing
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId, State
 from mycelia.proto.codec import pack, unpack
 from mycelia.retrieval import WriteBatch
@@ -68,6 +68,7 @@ async def _applier(
     store: MemoryStorage | None = None,
     gate: asyncio.Event | None = None,
     asking: asyncio.Event | None = None,
+    budget: int = DEFAULT_BUDGET,
 ) -> tuple[Applier, MemoryStorage]:
     """An applier of ``server``'s system on a fresh store, or on ``store`` as after a
     restart (``remote``: the history a peer would answer with, ``asked`` collects what it
@@ -93,6 +94,7 @@ async def _applier(
         remote=None if remote is None else ask,
         on_change=None if heard is None else heard.extend,
         pending=PendingPool(),
+        budget=budget,
     )
     await applier.ingest([e.event for e in await server.system_events()])
     return applier, store
@@ -288,6 +290,40 @@ async def test_an_unsure_head_stays_marked_while_the_peer_cannot_be_asked() -> N
     history += await a.storage.events_of(note)
     again, _ = await _applier(a, remote=history, store=store)
     again.unsure.keep([note])  # as the node does from the records (Outbox.unsure)
+    await again.unsure.tidy()
+    stored = await store.get_state(note)
+    assert stored is not None
+    assert stored.state.head == later.state.head
+    assert await store.scan_meta(UNSURE_PREFIX) == []
+
+
+async def test_an_unsure_head_too_long_to_walk_keeps_its_mark_and_is_not_walked_again() -> None:
+    """The walk that tidies a head ends at the budget: what it could not decide is not
+    taken as decided (the stale tip stayed, its mark was dropped); the head stays unsure,
+    is not walked again in this run, and a start with room for the walk tidies it."""
+    a = await _server()
+    note = await _note(a, title="g")
+    history: list[AdmittedEvent] = []
+    asked: list[EventId] = []
+    applier, store = await _applier(a, remote=history, asked=asked, budget=2)
+    _, held, base = await _holding(applier, a, note)
+    mine = _update(note, held.head, title="same")
+    await a.ingest([mine])
+    for rank in range(1, 6):  # the snapshot's head is five generations above the edit
+        await _edit(a, note, rank=rank)
+    later = await a.storage.get_state(note)
+    assert later is not None
+    await applier.ingest_states([later], bases={note: held.head})
+    history += await a.storage.events_of(note)
+    await applier.commit_local([mine], bases={note: base})
+    await applier.unsure.tidy()
+    assert bool(applier.unsure)
+    assert len(await store.scan_meta(UNSURE_PREFIX)) == 1
+    walked = len(asked)
+    await applier.unsure.tidy()
+    assert len(asked) == walked  # not walked again
+    again, _ = await _applier(a, remote=history, store=store)
+    again.unsure.keep([note])
     await again.unsure.tidy()
     stored = await store.get_state(note)
     assert stored is not None

@@ -28,7 +28,7 @@ from typing import Final
 from mycelia.entity.entity import Entity, Snapshot, plain_values
 from mycelia.entity.runs import Adopted, Plan, differing, fetched
 from mycelia.entity.verdicts import Action, action_for, head_after, rejection
-from mycelia.errors import EventNotFound, InvalidEvent
+from mycelia.errors import BudgetExceeded, EventNotFound, InvalidEvent
 from mycelia.event_dag import compare
 from mycelia.proto import EMPTY_CLOCK, AdmittedEvent, Clock, EntityId, EntityState, EventId
 from mycelia.retrieval import EventSource, LocalGetter, local_first
@@ -137,8 +137,9 @@ async def drop_known_ancestors(
     others in it, nor the entity's genesis ``root`` beside any other id (every event of an
     entity descends from its genesis); walks at most ``budget`` events, never below the
     head's lowest generation (nothing there can be in it). ``complete``: raises
-    EventNotFound for an event the walk needs that ``events`` does not hold, rather than
-    keeping what it cannot decide."""
+    EventNotFound for an event the walk needs that ``events`` does not hold, and
+    BudgetExceeded when the budget ends the walk before the floor, rather than keeping
+    what it cannot decide."""
     if len(head) < 2:
         return dict(head)
     if root in head:
@@ -167,6 +168,11 @@ async def drop_known_ancestors(
         if complete:
             _require(step, held)
         frontier = sorted(i for i in step if i in held and held[i].generation >= floor)
+    if complete and frontier:
+        raise BudgetExceeded(
+            f"telling which of {len(head)} tips descend from others walked {walked} events "
+            f"(the budget) before reaching generation {floor}"
+        )
     return {i: g for i, g in head.items() if i not in stale}
 
 

@@ -17,6 +17,10 @@ Invariants:
   durable peer. Ancestry does not change, so the tips it shows stale are dropped from
   whatever the head is by then; an entity reset meanwhile is looked at again next time.
 - A head whose history cannot be fetched (or written) now stays unsure.
+- A head whose history is too long to walk within the budget stays unsure too, and is not
+  walked again until the next start (a walk that long would be repeated on every commit
+  confirmed); it is logged as a warning. Its values are right either way: an extra tip
+  only widens the parents of the events made on it.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from mycelia.entity.residents import Residents
 from mycelia.entity.runs import IngestResult, Meta, Plan, Staging, fetched
 from mycelia.entity.snapshots import drop_known_ancestors
 from mycelia.entity.verdicts import above_head
-from mycelia.errors import MyceliaError
+from mycelia.errors import BudgetExceeded, MyceliaError
 from mycelia.proto import AdmittedEvent, EntityId, EventId
 from mycelia.retrieval import StagingMap
 
@@ -71,6 +75,8 @@ class UnsureHeads:
         self._budget = budget
         self._marks: dict[EntityId, int] = {}
         """Each unsure head's entity → how many commits marked it."""
+        self._undecided: set[EntityId] = set()
+        """Marked heads whose walk ran out of budget: not walked again in this run."""
 
     def __bool__(self) -> bool:
         return bool(self._marks)
@@ -100,6 +106,8 @@ class UnsureHeads:
         ancestors of another, and its mark unless a commit marked it again meanwhile.
         Never raises for one entity's trouble: that entity stays unsure, for next time."""
         for entity_id, marks in sorted(self._marks.items()):
+            if entity_id in self._undecided:
+                continue
             epoch = self._epochs.get(entity_id, 0)
             try:
                 stale, events = await self._stale_tips(entity_id)
@@ -110,6 +118,9 @@ class UnsureHeads:
                     if self._marks.get(entity_id) == marks:
                         del self._marks[entity_id]
                         run.meta = (unsure_record(entity_id, settled=True),)
+            except BudgetExceeded as exc:
+                self._undecided.add(entity_id)
+                log.warning("the head of %s stays unsure until the next start: %s", entity_id, exc)
             except MyceliaError as exc:  # the history, or the write: the next call retries
                 self._marks.setdefault(entity_id, marks)
                 log.info("the head of %s stays unsure for now: %s", entity_id, exc)
