@@ -92,3 +92,29 @@ def test_a_token_signed_by_another_issuer_grants_nothing() -> None:
     tampered = bytearray(TokenIssuer().issue("eve", {"*": (True, True)}, expires=10))
     tampered[5] ^= 1
     assert agent.grant(mycelia.Credentials(bytes(tampered))) is None
+
+
+async def test_an_open_server_warns_once_that_it_checks_no_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client that sends a token to a server started without --auth tokens expects it to
+    be checked; nothing says otherwise unless the server does (it used to accept it in
+    silence)."""
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    server = await mycelia.serve(node, host="127.0.0.1", port=0)
+    clients = []
+    try:
+        with caplog.at_level("WARNING", logger="mycelia.node.policy"):
+            clients.append(await client_with(server, None))
+            assert not caplog.records  # no token, nothing to say
+            clients += [await client_with(server, b"a token") for _ in range(2)]
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 1
+        assert "checks none" in warnings[0]
+        assert "--auth tokens" in warnings[0]
+    finally:
+        for client in clients:
+            await client.close()
+        await server.close()
+        await node.close()

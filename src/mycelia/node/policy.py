@@ -8,6 +8,7 @@ whatever the agent says (the node enforces that itself).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -15,6 +16,8 @@ from typing import Protocol, runtime_checkable
 from mycelia.entity import Snapshot
 from mycelia.errors import PolicyDenied, PresenceRejected
 from mycelia.proto import AdmittedEvent, EntityId, NodeId, is_reserved_collection
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Credentials",
@@ -87,10 +90,24 @@ class NamesSubjects(Protocol):
 
 
 class PermissiveAgent:
-    """Allows everything (the default for local use). Reserved collections stay reserved."""
+    """Allows everything (the default for local use). Reserved collections stay reserved.
+
+    A peer that dials in with a token expects it to be checked: the first one is logged as
+    a warning (once per agent), since nothing here checks it."""
+
+    def __init__(self) -> None:
+        self._told = False
 
     def check_connect(self, peer: PeerInfo, credentials: Credentials) -> None:
-        """Everyone may connect."""
+        """Everyone may connect (a token is not checked: see the class docstring)."""
+        if credentials.token is not None and not peer.dialed and not self._told:
+            self._told = True
+            log.warning(
+                "peer %s sent a token, but this node checks none: it is open, and every "
+                "peer reads and writes everything. To require tokens, run `mycelia serve "
+                "--auth tokens` (or give the node a TokenAgent as its policy)",
+                peer.node_id,
+            )
 
     def trusts_durable(self, peer: PeerInfo) -> bool:
         """Peers that dial in are never trusted as durable on their own word."""
