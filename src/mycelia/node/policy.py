@@ -95,8 +95,7 @@ class PermissiveAgent:
     A peer that dials in with a token expects it to be checked: the first one is logged as
     a warning (once per agent), since nothing here checks it."""
 
-    def __init__(self) -> None:
-        self._told = False
+    _told = False  # (a class default: a subclass need not call __init__)
 
     def check_connect(self, peer: PeerInfo, credentials: Credentials) -> None:
         """Everyone may connect (a token is not checked: see the class docstring)."""
