@@ -36,8 +36,9 @@ REPORT = (
     "with warnings.catch_warnings(record=True) as caught:\n"
     "    warnings.simplefilter('always')\n"
     "    import mycelia, mycelia.node, mycelia.storage\n"
-    "from mycelia.compiled import loaded\n"
-    "print(json.dumps({'loaded': loaded(), 'warnings': [str(w.message) for w in caught]}))\n"
+    "from mycelia.compiled import form, loaded\n"
+    "print(json.dumps({'loaded': loaded(), 'warnings': [str(w.message) for w in caught],\n"
+    "                  'form': [form()]}))\n"
 )
 
 
@@ -73,6 +74,7 @@ def test_a_compiled_build_runs_every_module_it_compiled() -> None:
     result = report(SRC, pure=False)
     assert result["loaded"] == sorted(BUILT)
     assert result["warnings"] == []
+    assert result["form"] == [f"compiled ({len(BUILT)} modules)"]
 
 
 @needs_build
@@ -80,6 +82,7 @@ def test_the_pure_python_setting_imports_every_module_from_its_source() -> None:
     result = report(SRC, pure=True)
     assert result["loaded"] == []
     assert result["warnings"] == []
+    assert result["form"] == [f"pure Python ({compiled.PURE_ENV} is set)"]
 
 
 @needs_build
@@ -99,6 +102,7 @@ def test_an_edited_compiled_module_turns_every_module_to_its_source_and_says_so(
     [message] = result["warnings"]
     assert edited in message
     assert "make venv" in message
+    assert result["form"] == ["pure Python (the compiled build is stale: rebuild with `make venv`)"]
 
 
 @needs_build
@@ -112,3 +116,6 @@ def test_a_build_whose_extensions_were_removed_runs_as_source_without_a_warning(
     result = report(copy, pure=False)
     assert result["loaded"] == []
     assert result["warnings"] == []
+    [said] = result["form"]  # what `mycelia serve` logs, with a warning: nothing tells else
+    assert said.startswith("pure Python (nothing is compiled here")
+    assert "make venv" in said

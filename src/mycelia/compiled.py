@@ -37,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-__all__ = ["PURE_ENV", "choose", "loaded", "stale"]
+__all__ = ["PURE_ENV", "asked_pure", "choose", "form", "loaded", "stale"]
 
 PURE_ENV: Final = "MYCELIA_PURE_PYTHON"
 _PACKAGE: Final = Path(__file__).parent
@@ -119,4 +119,26 @@ def loaded() -> list[str]:
         for name, module in list(sys.modules.items())
         if name.startswith("mycelia.")
         and isinstance(getattr(module, "__loader__", None), ExtensionFileLoader)
+    )
+
+
+def asked_pure() -> bool:
+    """Whether the environment asks for pure Python (``MYCELIA_PURE_PYTHON``)."""
+    return bool(os.environ.get(PURE_ENV))
+
+
+def form() -> str:
+    """How the hot path runs, in words for a log line: compiled, or pure Python and why
+    (asked for, a stale build, or nothing compiled here). Call once ``mycelia.node`` is
+    imported (the hot path is imported with it)."""
+    modules = loaded()
+    if modules:
+        return f"compiled ({len(modules)} modules)"
+    if asked_pure():
+        return f"pure Python ({PURE_ENV} is set)"
+    if stale():
+        return "pure Python (the compiled build is stale: rebuild with `make venv`)"
+    return (
+        "pure Python (nothing is compiled here: `make venv` compiles the hot path where "
+        "mypy and a C compiler are installed)"
     )

@@ -33,6 +33,7 @@ import logging
 import signal
 import ssl
 
+from mycelia import compiled
 from mycelia.cli.data import DEFAULT_DATA, open_storage
 from mycelia.cli.keys import add_key_flags, given_key, named_key
 from mycelia.cli.settings import (
@@ -263,7 +264,7 @@ def _ready(args: argparse.Namespace, server: Server, *, root: str, where: str) -
     endpoints = (("/healthz", args.health == "on"), (metrics, args.metrics != "off"))
     paths = [path for path, on in endpoints if on]
     log.info(
-        "mycelia %s serving %s: node %s, system %s, store %s, auth %s, http %s",
+        "mycelia %s serving %s: node %s, system %s, store %s, auth %s, http %s, hot path %s",
         __version__,
         server.url,
         server.node.node_id,
@@ -271,7 +272,10 @@ def _ready(args: argparse.Namespace, server: Server, *, root: str, where: str) -
         where,
         args.auth,
         ", ".join(paths) or "off",
+        compiled.form(),
     )
+    if not compiled.loaded() and not compiled.asked_pure():
+        log.warning("this server runs slower than it could: its hot path is %s", compiled.form())
     print(f"listening on {server.url}", flush=True)
 
 
