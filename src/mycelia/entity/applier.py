@@ -61,7 +61,7 @@ from mycelia.entity.runs import (
     Staging,
     fetched,
 )
-from mycelia.entity.snapshots import merged_plan, replaced
+from mycelia.entity.snapshots import adopted, merged_plan, replaced
 from mycelia.entity.unsure import UnsureHeads
 from mycelia.errors import CommitReverted, MyceliaError
 from mycelia.event_dag import DEFAULT_BUDGET
@@ -144,9 +144,29 @@ class Applier:
         if entity is None:
             stored = await self._store.get_state(entity_id)
             if stored is not None:
-                entity = self._residents.put(Entity.from_state(stored, canonical=True))
-                if not self._durable:  # a snapshot's tips, maybe: see Entity.boundary
-                    entity.mark_boundary(entity.head_map)
+                entity = self._made_resident(stored)
+        return entity
+
+    async def _load_many(self, entity_ids: Iterable[EntityId]) -> dict[EntityId, Entity]:
+        """:meth:`load` of many entities, with one storage read for those not resident (a
+        fresh client adopts a thousand snapshots at once); the unknown ones are left out."""
+        held: dict[EntityId, Entity] = {}
+        rest = []
+        for entity_id in entity_ids:
+            entity = self._residents.get(entity_id)
+            if entity is None:
+                rest.append(entity_id)
+            else:
+                held[entity_id] = entity
+        if rest:
+            for entity_id, stored in (await self._store.get_states(rest)).items():
+                held[entity_id] = self._made_resident(stored)
+        return held
+
+    def _made_resident(self, stored: EntityState) -> Entity:
+        entity = self._residents.put(Entity.from_state(stored, canonical=True))
+        if not self._durable:  # a snapshot's tips, maybe: see Entity.boundary
+            entity.mark_boundary(entity.head_map)
         return entity
 
     def base(self, entity: Entity) -> ForkBase:
@@ -429,19 +449,27 @@ class Applier:
         bases, result = bases or {}, IngestResult()
         by_id = {s.entity_id: s for s in states}
         async with self.staging(by_id, result) as run:
+            held = await self._load_many(by_id)
+            cache = not self._durable
             for entity_id, incoming in by_id.items():
+                entity = held.get(entity_id)
                 try:
-                    run.add(await self._merge_state(incoming, bases.get(entity_id)))
+                    if entity is None:  # (the common case of a fresh client: no walk)
+                        run.add(self._resident(adopted(incoming, cache=cache)))
+                    else:
+                        run.add(await self._merge_state(entity, incoming, bases.get(entity_id)))
                 except MyceliaError as exc:
                     self._residents.evict(entity_id)
                     log.info("refused a snapshot of %s: %s", entity_id, exc)
                     result.errors[entity_id] = exc
         return result
 
-    async def _merge_state(self, incoming: EntityState, base: Clock | None) -> Plan | None:
+    async def _merge_state(
+        self, entity: Entity, incoming: EntityState, base: Clock | None
+    ) -> Plan | None:
         entity_id = incoming.entity_id
         plan = await merged_plan(
-            await self.load(entity_id),
+            entity,
             incoming,
             base,
             lambda: self._placement.getter(entity_id, StagingMap()),

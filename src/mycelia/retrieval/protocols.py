@@ -102,6 +102,11 @@ class WriteResult:
 class EntityStore(EventSource, GetState, Protocol):
     """What the applier needs from storage: read events and states, write atomically."""
 
+    async def get_states(self, ids: Collection[EntityId]) -> dict[EntityId, EntityState]:
+        """The stored states among ``ids`` (one read for many: a fresh client adopts a
+        thousand snapshots at once)."""
+        ...
+
     async def write(self, batch: WriteBatch) -> WriteResult:
         """Make ``batch`` durable atomically; raises StorageError and writes nothing on failure."""
         ...

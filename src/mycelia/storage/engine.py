@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -45,7 +45,7 @@ from typing import Final, Protocol
 import msgpack
 
 from mycelia.errors import DecodeError, StorageCorrupt, StorageError
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId, Limits
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EventId, Limits
 from mycelia.proto.codec import canonical_value, pack
 from mycelia.proto.query import After, Query
 from mycelia.retrieval import EntityStore, StoredState
@@ -201,10 +201,6 @@ class StorageEngine(EntityStore, Protocol):
 
     async def events_of(self, entity_id: EntityId) -> list[AdmittedEvent]:
         """Every stored event of ``entity_id``, parents first (by generation, then id)."""
-        ...
-
-    async def get_states(self, ids: Collection[EntityId]) -> dict[EntityId, EntityState]:
-        """The stored states among ``ids``."""
         ...
 
     async def scan(self, collection: str) -> list[StoredState]:
