@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from mycelia.errors import DecodeError, InvalidArgument, PayloadTooLarge, RemoteProtocolError
 from mycelia.proto import DEFAULT_LIMITS, EntityId, EventId
-from mycelia.proto import peering as peering_module
+from mycelia.proto import delta as delta_module
 from mycelia.proto.codec import COUNTED_PAYLOAD, expect_name, pack, unpack
+from mycelia.proto.delta import DELTAS
 from mycelia.proto.messages import Message, decode_frame, encode_frame, message_types, peek
 from mycelia.proto.peering import (
-    DELTAS,
     PAGES,
     REQUESTS,
     RESPONSES,
@@ -256,7 +256,7 @@ def test_the_one_step_decoding_of_a_common_delta_agrees_with_the_checked_one(
         expect_name(name, "name")  # known: the fast path may take them
     fast = _deltas_decoded(items)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(peering_module, "_plain_delta", lambda obj, names, limits: None)
+        patch.setattr(delta_module, "_plain_delta", lambda obj, names, limits: None)
         checked = _deltas_decoded(items)
     assert fast == checked
 
@@ -271,5 +271,5 @@ def test_a_subscription_answer_and_a_pushed_update_take_the_one_step_decoding() 
     wire = unpack(pack([d.to_wire() for d in deltas]))
     assert isinstance(wire, list)
     expect_name("albums", "name")
-    assert all(peering_module._plain_delta(w, {"albums"}, DEFAULT_LIMITS) for w in wire)
+    assert all(delta_module._plain_delta(w, {"albums"}, DEFAULT_LIMITS) for w in wire)
     assert DELTAS.decode(wire, "deltas", DEFAULT_LIMITS) == deltas

@@ -319,6 +319,8 @@ COMMITS: Final = _Commits()
 ``max_batch_commits`` of them, and at most ``max_batch_events`` events in all."""
 STATE: Final = _State()
 """An :class:`~mycelia.proto.EntityState` in its wire form."""
+CLOCK: Final = Array(EVENT_ID, limit="max_clock_width")
+"""A head or a base: event ids, at most a clock's width."""
 
 
 @overload
