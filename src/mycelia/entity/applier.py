@@ -40,7 +40,7 @@ An event already stored is a no-op.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from mycelia.entity import lookups
 from mycelia.entity.admission import admit, admit_fresh, by_entity
@@ -147,20 +147,14 @@ class Applier:
                 entity = self._made_resident(stored)
         return entity
 
-    async def _load_many(self, entity_ids: Iterable[EntityId]) -> dict[EntityId, Entity]:
+    async def _load_many(self, entity_ids: Collection[EntityId]) -> dict[EntityId, Entity]:
         """:meth:`load` of many entities, with one storage read for those not resident (a
         fresh client adopts a thousand snapshots at once); the unknown ones are left out."""
-        held: dict[EntityId, Entity] = {}
-        rest = []
-        for entity_id in entity_ids:
-            entity = self._residents.get(entity_id)
-            if entity is None:
-                rest.append(entity_id)
-            else:
-                held[entity_id] = entity
-        if rest:
-            for entity_id, stored in (await self._store.get_states(rest)).items():
-                held[entity_id] = self._made_resident(stored)
+        get = self._residents.get
+        held = {i: e for i in entity_ids if (e := get(i)) is not None}
+        rest = [i for i in entity_ids if i not in held]
+        for entity_id, stored in (await self._store.get_states(rest) if rest else {}).items():
+            held[entity_id] = self._made_resident(stored)
         return held
 
     def _made_resident(self, stored: EntityState) -> Entity:
