@@ -110,7 +110,9 @@ def _check_operations(operations: Operations, limits: Limits) -> None:
             total += len(diff)
     if total > limits.max_operation_bytes:
         raise PayloadTooLarge(
-            f"event operations are {total} bytes; the limit is {limits.max_operation_bytes}"
+            f"this transaction's changes to one entity are {total:,} bytes, and one event "
+            f"holds at most {limits.max_operation_bytes:,}: make the change in several "
+            "transactions (a long text inserted in pieces)"
         )
 
 

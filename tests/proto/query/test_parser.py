@@ -167,6 +167,15 @@ def test_placeholders_are_numbered_in_text_order() -> None:
     assert query.limit == Placeholder(3)
 
 
+@pytest.mark.parametrize("args", [(), (1, 2, 3, 4, 5)])
+def test_binding_the_wrong_number_of_arguments_says_how_many_are_needed(
+    args: tuple[int, ...],
+) -> None:
+    query = parse("? < a AND b IN (?, 1, ?) ORDER BY a LIMIT ?")
+    with pytest.raises(InvalidArgument, match=rf"has 4 \? placeholder.*given {len(args)} arg"):
+        query.bind(*args)
+
+
 @pytest.mark.parametrize(
     ("text", "column"),
     [

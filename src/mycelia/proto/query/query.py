@@ -69,7 +69,10 @@ class Query:
         float, str, bytes) or, for LIMIT, not a non-negative int.
         """
         if len(args) != self.placeholders:
-            raise InvalidArgument(f"query needs {self.placeholders} arguments, got {len(args)}")
+            raise InvalidArgument(
+                f"the query has {self.placeholders} ? placeholder(s) but was given "
+                f"{len(args)} argument(s): pass one value per ?, in order"
+            )
         if not args:
             return self
         limit = self.limit
