@@ -8,7 +8,9 @@ fetch ``ORDER BY x LIMIT 20`` with a range on ``x`` over 100,000 entities on LMD
 1.5x of a raw LMDB put+fsync per transaction; ingest 100,000 events in batches of 1,000 on
 PostgreSQL ≥ 20,000 events/s; reopening an LMDB store of 1,000,000 events ≤ 1 s; a
 one-character transaction on a durable LMDB node, 120,000 vs 1,000 characters of text,
-≤ 1.5x (issue 13).
+≤ 1.5x (issue 13). A comparison walk over an in-process engine, asking it for an eighth of
+the read-ahead instead of all of it: ≤ 1.2x the time down two long branches, and fewer
+events read for a short walk over a long history.
 
 Run: ``python -m benches.bench_storage`` (``--quick`` scales the sizes down; PostgreSQL
 comes from ``MYCELIA_TEST_DSN`` or a throwaway cluster, with fsync on).
@@ -23,7 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import lmdb
@@ -33,12 +35,13 @@ from benches.harness import QUICK, Table, fmt_time, options, verdict
 from mycelia import Model, Node
 from mycelia.entity.backends.lww import encode_diff
 from mycelia.entity.values import encode_value
-from mycelia.proto import AdmittedEvent, Clock, EntityId, Event
+from mycelia.event_dag import compare
+from mycelia.proto import AdmittedEvent, Clock, EntityId, Event, EventId
 from mycelia.proto.query import parse, sort_rows
-from mycelia.retrieval import WriteBatch
+from mycelia.retrieval import EventSource, LocalGetter, StagingMap, WriteBatch
 from mycelia.storage import MemoryStorage, StorageEngine
 from mycelia.storage.lmdb import LmdbStorage
-from mycelia.storage.testing import genesis, state_of
+from mycelia.storage.testing import genesis, state_of, update
 
 SMALL = "--quick" in sys.argv  # read at import: the sizes below are module constants
 
@@ -436,6 +439,84 @@ async def lmdb_fetch_rows(root: Path, total: int) -> list[list[str]]:
     return [fetch_row("LMDB", total, fetch, scan, target=True)]
 
 
+class Reads:
+    """An engine behind a proxy that counts the events it answers with; ``local`` says
+    whether the proxy declares the engine's reads local (an eighth of the read-ahead)."""
+
+    def __init__(self, engine: EventSource, *, local: bool) -> None:
+        self.engine, self.local_reads, self.events = engine, local, 0
+
+    async def get_events(
+        self, ids: Collection[EventId], *, ahead: int = 0
+    ) -> Mapping[EventId, AdmittedEvent]:
+        found = await self.engine.get_events(ids, ahead=ahead)
+        self.events += len(found)
+        return found
+
+
+async def walk_shape(engine: StorageEngine, history: int, branch: int) -> tuple[Clock, Clock]:
+    """``history`` events in a line, then two branches of ``branch`` events; their tips."""
+    line = [genesis()]
+    for i in range(history):
+        line.append(update([line[-1]], b"h%d" % i))
+    left, right = [line[-1]], [line[-1]]
+    for i in range(branch):
+        left.append(update([left[-1]], b"l%d" % i))
+        right.append(update([right[-1]], b"r%d" % i))
+    events = [*line, *left[1:], *right[1:]]
+    for start in range(0, len(events), 1000):
+        await engine.write(WriteBatch(tuple(events[start : start + 1000])))
+    return Clock([left[-1].id]), Clock([right[-1].id])
+
+
+async def walk_times(engine: StorageEngine, history: int, branch: int) -> dict[bool, list[float]]:
+    """Median seconds and events read per walk, with an eighth (True) and all (False) of
+    the read-ahead, interleaved."""
+    subject, other = await walk_shape(engine, history, branch)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    reads: dict[bool, int] = {}
+    for _ in range(7):
+        for local in (True, False):
+            source = Reads(engine, local=local)
+            start = time.perf_counter()
+            for _ in range(20):
+                await compare(LocalGetter(StagingMap(), source), subject, other, budget=10**6)
+            times[local].append((time.perf_counter() - start) / 20)
+            reads[local] = source.events // 20
+    return {k: [statistics.median(v), reads[k]] for k, v in times.items()}
+
+
+async def walk_rows(root: Path) -> list[list[str]]:
+    rows = []
+    long = 300 if SMALL else 1000
+    for name, make in (
+        ("MemoryStorage", MemoryStorage),
+        ("LMDB", lambda: LmdbStorage(root / f"walks-{random.getrandbits(32)}")),
+    ):
+        engine = make()
+        (eighth, _), (whole, _) = (await walk_times(engine, 0, long)).values()
+        ratio = eighth / whole
+        rows.append(
+            [
+                f"walk down two {long:,}-event branches, {name}: an eighth of the read-ahead",
+                f"{fmt_time(eighth)} vs {fmt_time(whole)} with all of it ({ratio:.2f}x)",
+                "≤ 1.2x",
+                verdict(ratio <= 1.2),
+            ]
+        )
+        engine = make()
+        (eighth, few), (whole, many) = (await walk_times(engine, 5000, 3)).values()
+        rows.append(
+            [
+                f"walk of two 3-event branches on 5,000 events, {name}: events read",
+                f"{few:,} vs {many:,} with all of it ({fmt_time(eighth)} vs {fmt_time(whole)})",
+                "fewer",
+                verdict(few < many),
+            ]
+        )
+    return rows
+
+
 async def run() -> None:
     total = 20_000 if SMALL else 100_000
     with tempfile.TemporaryDirectory(prefix="mycelia-bench-") as tmp:
@@ -445,6 +526,7 @@ async def run() -> None:
         rows += await lmdb_text_rows(root)
         rows += await lmdb_reopen_rows(root)
         rows += await lmdb_fetch_rows(root, total)
+        rows += await walk_rows(root)
     rows += await postgres_rows(total)
     Table("storage: LMDB and PostgreSQL", ["case", "measured", "target", "ok"], rows).print()
 

@@ -22,7 +22,14 @@ from mycelia.entity.entity import Entity, Snapshot
 from mycelia.entity.locks import EntityLocks
 from mycelia.errors import MyceliaError, PayloadTooLarge
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, EventId
-from mycelia.retrieval import CachedGetter, EventSource, LocalGetter, StoredState, WriteBatch
+from mycelia.retrieval import (
+    CachedGetter,
+    EventSource,
+    LocalGetter,
+    StoredState,
+    WriteBatch,
+    reads_ahead,
+)
 
 __all__ = [
     "NEW_ENTITY",
@@ -293,11 +300,13 @@ class Staging:
 class Overlay:
     """Events staged earlier in a run, over storage (which does not hold them yet)."""
 
-    __slots__ = ("_earlier", "_store")
+    __slots__ = ("_earlier", "_store", "local_reads")
 
     def __init__(self, earlier: Mapping[EventId, AdmittedEvent], store: EventSource) -> None:
         self._earlier = earlier
         self._store = store
+        self.local_reads = not reads_ahead(store)
+        """As the store's (:func:`~mycelia.retrieval.reads_ahead`)."""
 
     async def get_events(
         self, ids: Collection[EventId], *, ahead: int = 0

@@ -6,7 +6,13 @@ reads through ``EventSource`` and cannot write; only the applier holds ``EntityS
 storage (and, on ephemeral nodes, a remote peer) are here.
 """
 
-from mycelia.retrieval.getters import CachedGetter, LocalGetter, RemoteEvents, local_first
+from mycelia.retrieval.getters import (
+    CachedGetter,
+    LocalGetter,
+    RemoteEvents,
+    local_first,
+    reads_ahead,
+)
 from mycelia.retrieval.protocols import (
     EntityStore,
     EventSource,
@@ -29,4 +35,5 @@ __all__ = [
     "WriteBatch",
     "WriteResult",
     "local_first",
+    "reads_ahead",
 ]

@@ -102,6 +102,11 @@ class LmdbStorage:
     StorageCorrupt if it is not a Mycelia LMDB store of this format.
     """
 
+    local_reads: Final = True
+    """A read costs no round trip (the loop's thread keeps its read transaction): a walk
+    here asks for an eighth of its read-ahead (:func:`~mycelia.retrieval.reads_ahead`); a
+    peer's request for events gets all of it."""
+
     def __init__(
         self,
         path: str | os.PathLike[str],

@@ -58,6 +58,10 @@ MiB in all, in the same time within this machine's noise; the bench_entity rows 
 class MemoryStorage:
     """An in-memory storage engine."""
 
+    local_reads: Final = True
+    """A read costs no round trip: a walk here asks for an eighth of its read-ahead
+    (:func:`~mycelia.retrieval.reads_ahead`); a peer's request for events gets all of it."""
+
     def __init__(self) -> None:
         # Keys are plain bytes (an id object is one more tracked object per event). Each
         # value holds the event's own canonical bytes object, not a copy: a client's store
