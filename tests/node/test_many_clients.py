@@ -5,7 +5,8 @@ the client (``EventNotFound``), so an app that retried duplicated text. It runs 
 deterministically, over memory transports (:class:`InProcessServer`), and over real
 websockets against a real ``mycelia serve`` process. It must show no commit error, every
 acknowledged text insert exactly once, and every client's live view equal to a fresh
-client's fetch.
+client's fetch. A third run, against ``mycelia serve`` too, does it on a 50,000-character
+text, with deletes and commits left in flight, at five times the edits (about 10 s).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Literal, NamedTuple
 
 import mycelia
 from mycelia import Model, Node, Text
@@ -49,35 +51,66 @@ async def _clients(attach: Attach, n: int) -> list[Node]:
     return nodes
 
 
-async def _seed(attach: Attach) -> tuple[list[mycelia.EntityId], mycelia.EntityId]:
+async def _seed(attach: Attach, filler: str) -> tuple[list[mycelia.EntityId], mycelia.EntityId]:
+    """The shared items, and the pad holding ``filler``."""
     (author,) = await _clients(attach, 1)
     async with author.context().transaction() as trx:
         items = [trx.create(Item, label=f"i{i}").id for i in range(SHARED)]
         pad = trx.create(Pad, body="").id
+    for start in range(0, len(filler), 10_000):  # as a paste in pieces would come
+        async with author.context().transaction() as trx:
+            body = (await trx.edit(Pad, pad)).body
+            body.insert(start, filler[start : start + 10_000])
     await author.close()
     return items, pad
 
 
+class Edits(NamedTuple):
+    """What one client did: the tokens it inserted, the filler characters it deleted."""
+
+    tokens: list[str]
+    deleted: int
+
+
 async def _edit(
-    node: Node, index: int, items: list[mycelia.EntityId], pad: mycelia.EntityId
-) -> list[str]:
-    """``EDITS`` edits, alternating an LWW set and a text insert; returns the tokens
-    inserted (each commit awaited until the server confirmed it)."""
+    node: Node,
+    index: int,
+    items: list[mycelia.EntityId],
+    pad: mycelia.EntityId,
+    *,
+    edits: int,
+    filler: int,
+) -> Edits:
+    """``edits`` edits, alternating an LWW set and a text insert (with ``filler``, every
+    other insert also deletes the pad's last character: filler, as tokens go before it).
+    Every commit is awaited until the server confirmed it, but with ``filler`` one in three
+    only once all are made (``wait="local"``, as an editor does)."""
     rng = random.Random(f"many-clients/{index}")
-    tokens = []
-    for step in range(EDITS):
-        async with node.context().transaction() as trx:
+    tokens: list[str] = []
+    deleted = 0
+    pending = []
+    for step in range(edits):
+        wait: Literal["local", "peer"] = "local" if filler and step % 3 == 0 else "peer"
+        async with node.context().transaction(wait=wait) as trx:
             if step % 2 == 0:
                 item = await trx.edit(Item, items[rng.randrange(len(items))])
                 item.label, item.count = f"c{index}s{step}", index * 100 + step
             else:
                 token = f"<{index}.{step}>"
-                body = (await trx.edit(Pad, pad)).body
-                cuts = [0] + [i + 1 for i, ch in enumerate(body) if ch == ">"]
-                body.insert(rng.choice(cuts), token)  # between tokens, never inside one
+                handle = await trx.edit(Pad, pad)
+                text = str(handle.body)
+                cuts = [0] + [i + 1 for i, ch in enumerate(text) if ch == ">"]
+                handle.body.insert(rng.choice(cuts), token)  # between tokens, never inside one
                 tokens.append(token)
+                after = handle.body  # (a Text is a snapshot: read the field again)
+                if filler and step % 4 == 1 and not after.endswith(">"):
+                    after.delete(len(after) - 1, 1)
+                    deleted += 1
+        pending.append(trx)
         await asyncio.sleep(0)  # yield between edits, as an app's event loop would
-    return tokens
+    for trx in pending:
+        await trx.confirmed()
+    return Edits(tokens, deleted)
 
 
 async def _until_equal(live: LiveQuery[Model], want: list[Model], timeout: float = 60) -> None:
@@ -86,8 +119,10 @@ async def _until_equal(live: LiveQuery[Model], want: list[Model], timeout: float
             await anext(aiter(live))
 
 
-async def _run(attach: Attach) -> None:
-    items, pad = await _seed(attach)
+async def _run(attach: Attach, *, edits: int = EDITS, filler: int = 0) -> None:
+    """``edits`` per client (see :func:`_edit`) on a pad holding ``filler`` characters."""
+    filling = "".join(random.Random("many-clients/filler").choices("abcdefgh \n", k=filler))
+    items, pad = await _seed(attach, filling)
     nodes = await _clients(attach, CLIENTS)
     lives = []
     for node in nodes:
@@ -97,18 +132,26 @@ async def _run(attach: Attach) -> None:
         lives.append((item_query, pad_query))
     try:
         outcomes = await asyncio.gather(
-            *(_edit(node, i, items, pad) for i, node in enumerate(nodes)), return_exceptions=True
+            *(
+                _edit(node, i, items, pad, edits=edits, filler=filler)
+                for i, node in enumerate(nodes)
+            ),
+            return_exceptions=True,
         )
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         assert errors == [], f"{len(errors)} of {CLIENTS} clients got commit errors: {errors[:3]}"
-        tokens = [t for o in outcomes if isinstance(o, list) for t in o]
+        done = [o for o in outcomes if isinstance(o, Edits)]
+        tokens = [t for o in done for t in o.tokens]
         (fresh,) = await _clients(attach, 1)
         want_items = await fresh.context().fetch(Item, "")
         want_pads = await fresh.context().fetch(Pad, "")
         text = str(want_pads[0].body)
-        assert len(tokens) == CLIENTS * EDITS // 2
+        assert len(tokens) == CLIENTS * edits // 2
         assert [t for t in tokens if text.count(t) != 1] == []  # every insert exactly once
-        assert len(text) == sum(len(t) for t in tokens)  # and nothing else
+        inserted = sum(len(t) for t in tokens)  # every token goes before the filler, and
+        rest = text[inserted:]  # the deletes take the filler's last characters
+        assert rest == filling[: len(rest)]  # so nothing else is there
+        assert len(rest) >= filler - sum(o.deleted for o in done)  # (two may take one)
         for item_query, pad_query in lives:
             await _until_equal(item_query, want_items)  # type: ignore[arg-type]
             await _until_equal(pad_query, want_pads)  # type: ignore[arg-type]
@@ -146,6 +189,21 @@ async def test_forty_clients_against_a_real_mycelia_serve_lose_and_duplicate_not
 
     try:
         await _run(attach)
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+async def test_forty_clients_editing_a_long_text_on_a_real_mycelia_serve_converge(
+    tmp_path: Path,
+) -> None:
+    process, url = await start_server(tmp_path / "data")
+
+    async def attach(node: Node) -> None:
+        await mycelia.connect(node, url)
+
+    try:
+        await _run(attach, edits=5 * EDITS, filler=50_000)
     finally:
         process.terminate()
         await process.wait()
