@@ -179,31 +179,27 @@ async def test_forty_clients_over_memory_transports_lose_and_duplicate_nothing()
         await server_node.close()
 
 
-async def test_forty_clients_against_a_real_mycelia_serve_lose_and_duplicate_nothing(
-    tmp_path: Path,
-) -> None:
-    process, url = await start_server(tmp_path / "data")
+async def _run_served(data: Path, *, edits: int = EDITS, filler: int = 0) -> None:
+    """:func:`_run` against a real ``mycelia serve`` process on ``data``."""
+    process, url = await start_server(data)
 
     async def attach(node: Node) -> None:
         await mycelia.connect(node, url)
 
     try:
-        await _run(attach)
+        await _run(attach, edits=edits, filler=filler)
     finally:
         process.terminate()
         await process.wait()
+
+
+async def test_forty_clients_against_a_real_mycelia_serve_lose_and_duplicate_nothing(
+    tmp_path: Path,
+) -> None:
+    await _run_served(tmp_path / "data")
 
 
 async def test_forty_clients_editing_a_long_text_on_a_real_mycelia_serve_converge(
     tmp_path: Path,
 ) -> None:
-    process, url = await start_server(tmp_path / "data")
-
-    async def attach(node: Node) -> None:
-        await mycelia.connect(node, url)
-
-    try:
-        await _run(attach, edits=5 * EDITS, filler=50_000)
-    finally:
-        process.terminate()
-        await process.wait()
+    await _run_served(tmp_path / "data", edits=5 * EDITS, filler=50_000)
