@@ -25,7 +25,7 @@ from mycelia.entity import (
 from mycelia.entity import placement as placement_module
 from mycelia.entity.unsure import UNSURE_PREFIX
 from mycelia.entity.values import encode_value
-from mycelia.errors import CommitReverted, DecodeError, EventNotFound, PolicyDenied
+from mycelia.errors import CommitReverted, DecodeError, EventNotFound, PolicyDenied, StorageError
 from mycelia.event_dag import DEFAULT_BUDGET, missing
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId, State
 from mycelia.proto.codec import pack, unpack
@@ -690,3 +690,49 @@ async def test_a_state_read_as_canonical_is_given_back_until_the_entity_changes(
     assert Entity.from_state(sent).to_state() == canonical
     entity.lww()
     assert entity.to_state() == canonical
+
+
+async def _write_held(
+    store: MemoryStorage, monkeypatch: pytest.MonkeyPatch, *, fail: bool
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make the store's next write wait for the returned ``release`` (``writing`` is set
+    once it waits), then write, or fail with a StorageError."""
+    writing, release = asyncio.Event(), asyncio.Event()
+    write = store.write
+
+    async def held(batch: WriteBatch) -> Any:
+        writing.set()
+        await release.wait()
+        if fail:
+            raise StorageError("the disk is full")
+        return await write(batch)
+
+    monkeypatch.setattr(store, "write", held)
+    return writing, release
+
+
+@pytest.mark.parametrize("fail", [False, True])
+async def test_a_peer_is_told_of_an_entity_only_as_written(
+    monkeypatch: pytest.MonkeyPatch, fail: bool
+) -> None:
+    a, note, applier, store, _ = await _with_note(durable=True)
+    head = Clock([(await a.storage.events_of(note))[-1].id])
+    writing, release = await _write_held(store, monkeypatch, fail=fail)
+    commit = asyncio.ensure_future(applier.commit_many([[_update(note, head, title="new")]]))
+    await writing.wait()
+    resident = await applier.load(note)
+    assert resident is not None
+    assert resident.snapshot().values["title"] == "new", "the run's resident is ahead"
+    told = asyncio.ensure_future(applier.settled(note))
+    for _ in range(5):
+        await asyncio.sleep(0)  # (it runs until it waits for the run)
+    assert not told.done()
+    release.set()
+    if fail:
+        with pytest.raises(StorageError):
+            await commit
+    else:
+        await commit
+    settled = await told
+    assert settled is not None
+    assert settled.snapshot().values["title"] == ("g" if fail else "new")

@@ -30,7 +30,9 @@ durable, and on normal exit makes events, states and meta records durable in **o
 storage write, then tells the node (``on_change``) what changed — still holding the
 locks, so listeners hear of one entity's changes in the order they were committed,
 whatever else runs concurrently. On any error every entity the run touched is evicted
-from memory, so memory never runs ahead of storage, and nothing is persisted.
+from memory, so memory never runs ahead of storage, and nothing is persisted. Until its
+write returns, a run's residents are ahead of storage: what is sent to a peer is read
+through :meth:`Applier.settled`, which waits for the run.
 
 ``atomic=True`` (a remote commit) makes an :meth:`ingest` batch succeed or fail together;
 otherwise a bad entity is reported in :attr:`IngestResult.errors` and the others proceed.
@@ -146,6 +148,15 @@ class Applier:
             if stored is not None:
                 entity = self._made_resident(stored)
         return entity
+
+    async def settled(self, entity_id: EntityId) -> Entity | None:
+        """:meth:`load` once no staging run holds the entity. A run changes the resident
+        before its write is durable (and evicts it if the write fails), so what a node
+        tells a peer is read here: never a change it could still lose (ARCHITECTURE.md
+        §7). The entity is as written only until the caller's next await: take what it
+        needs from it at once."""
+        async with self.locks.held(entity_id):
+            return await self.load(entity_id)
 
     async def _load_many(self, entity_ids: Collection[EntityId]) -> dict[EntityId, Entity]:
         """:meth:`load` of many entities, with one storage read for those not resident (a

@@ -89,8 +89,9 @@ class ServedQuery:
 class Loader(Protocol):
     """How the served queries read an entity as this node holds it (the applier)."""
 
-    async def load(self, entity_id: EntityId) -> Entity | None:
-        """The entity (``None`` if unknown)."""
+    async def settled(self, entity_id: EntityId) -> Entity | None:
+        """The entity as durably written, once no write is in flight on it (``None`` if
+        unknown): a peer is never sent a change this node could still lose."""
         ...
 
 
@@ -129,7 +130,7 @@ class ServedQueries:
                 yield delta
             members[state.entity_id] = state.state.head
         for entity_id, head in known_heads.items():
-            entity = await self._entities.load(entity_id)
+            entity = await self._entities.settled(entity_id)
             snapshot = None if entity is None or not entity.exists else entity.snapshot()
             if (
                 entity is None
@@ -287,7 +288,7 @@ class ServedQueries:
 
     async def _current(self, standing: ServedQuery, entity_id: EntityId) -> EntityState | None:
         """The entity's state as this node holds it, if it belongs to the query's result."""
-        entity = await self._entities.load(entity_id)
+        entity = await self._entities.settled(entity_id)
         if entity is None or not entity.exists:
             return None
         return entity.to_state() if self._member(standing, entity.snapshot()) else None

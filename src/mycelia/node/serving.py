@@ -191,7 +191,7 @@ class Responder:
     async def _get(self, peer: Peer, msg: GetRequest) -> AsyncIterator[Delta]:
         known = {k.entity_id: k.head for k in msg.known}
         for entity_id in msg.entity_ids:
-            entity = await self._entities.load(entity_id)
+            entity = await self._entities.settled(entity_id)
             if entity is None or not entity.exists:
                 continue
             if not self._policy.can_read(peer.credentials, entity.snapshot()):
@@ -206,7 +206,7 @@ class Responder:
         events = []
         for event in found.values():
             if event.entity_id not in readable:
-                entity = await self._entities.load(event.entity_id)
+                entity = await self._entities.settled(event.entity_id)
                 readable[event.entity_id] = entity is not None and self._policy.can_read(
                     peer.credentials, entity.snapshot()
                 )
