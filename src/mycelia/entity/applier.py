@@ -42,11 +42,12 @@ An event already stored is a no-op.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from mycelia.entity import lookups
 from mycelia.entity.admission import admit, admit_fresh, by_entity
 from mycelia.entity.entity import Entity
+from mycelia.entity.loading import ResidentLoader
 from mycelia.entity.locks import EntityLocks
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.placement import Placement
@@ -109,6 +110,9 @@ class Applier:
         """An entity may not grow past this (its snapshot must fit one frame)."""
         self._residents = residents
         self._durable = durable
+        self._loader = ResidentLoader(store, residents, durable=durable)
+        self.load = self._loader.load
+        """The resident entity, loading its stored state if needed (``None`` if unknown)."""
         self._system_root = system_root
         self._remote = remote
         """An ephemeral node's durable peer, asked for history it does not hold."""
@@ -140,15 +144,6 @@ class Applier:
         """Events held for missing parents."""
         return self._pending
 
-    async def load(self, entity_id: EntityId) -> Entity | None:
-        """The resident entity, loading its stored state if needed (``None`` if unknown)."""
-        entity = self._residents.get(entity_id)
-        if entity is None:
-            stored = await self._store.get_state(entity_id)
-            if stored is not None:
-                entity = self._made_resident(stored)
-        return entity
-
     async def settled(self, entity_id: EntityId) -> Entity | None:
         """:meth:`load` once no staging run holds the entity. A run changes the resident
         before its write is durable (and evicts it if the write fails), so what a node
@@ -157,22 +152,6 @@ class Applier:
         needs from it at once."""
         async with self.locks.held(entity_id):
             return await self.load(entity_id)
-
-    async def _load_many(self, entity_ids: Collection[EntityId]) -> dict[EntityId, Entity]:
-        """:meth:`load` of many entities, with one storage read for those not resident (a
-        fresh client adopts a thousand snapshots at once); the unknown ones are left out."""
-        get = self._residents.get
-        held = {i: e for i in entity_ids if (e := get(i)) is not None}
-        rest = [i for i in entity_ids if i not in held]
-        for entity_id, stored in (await self._store.get_states(rest) if rest else {}).items():
-            held[entity_id] = self._made_resident(stored)
-        return held
-
-    def _made_resident(self, stored: EntityState) -> Entity:
-        entity = self._residents.put(Entity.from_state(stored, canonical=True))
-        if not self._durable:  # a snapshot's tips, maybe: see Entity.boundary
-            entity.mark_boundary(entity.head_map)
-        return entity
 
     def base(self, entity: Entity) -> ForkBase:
         """What a transaction forking ``entity`` now starts from (give it to commit_local)."""
@@ -454,7 +433,7 @@ class Applier:
         bases, result = bases or {}, IngestResult()
         by_id = {s.entity_id: s for s in states}
         async with self.staging(by_id, result) as run:
-            held = await self._load_many(by_id)
+            held = await self._loader.load_many(by_id)
             cache = not self._durable
             for entity_id, incoming in by_id.items():
                 entity = held.get(entity_id)
