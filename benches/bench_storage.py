@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import lmdb
 
@@ -469,49 +470,64 @@ async def walk_shape(engine: StorageEngine, history: int, branch: int) -> tuple[
     return Clock([left[-1].id]), Clock([right[-1].id])
 
 
-async def walk_times(engine: StorageEngine, history: int, branch: int) -> dict[bool, list[float]]:
-    """Median seconds and events read per walk, with an eighth (True) and all (False) of
-    the read-ahead, interleaved."""
-    subject, other = await walk_shape(engine, history, branch)
-    times: dict[bool, list[float]] = {True: [], False: []}
-    reads: dict[bool, int] = {}
-    for _ in range(7):
-        for local in (True, False):
-            source = Reads(engine, local=local)
-            start = time.perf_counter()
-            for _ in range(20):
-                await compare(LocalGetter(StagingMap(), source), subject, other, budget=10**6)
-            times[local].append((time.perf_counter() - start) / 20)
-            reads[local] = source.events // 20
-    return {k: [statistics.median(v), reads[k]] for k, v in times.items()}
+class Walk(NamedTuple):
+    """One walk's median seconds and the events storage answered it with."""
+
+    seconds: float
+    reads: int
+
+
+async def walk_times(engine: StorageEngine, history: int, branch: int) -> tuple[Walk, Walk]:
+    """The walk of :func:`walk_shape`'s tips with an eighth of the read-ahead, and with all
+    of it, interleaved (``engine`` is closed after)."""
+    try:
+        subject, other = await walk_shape(engine, history, branch)
+        times: dict[bool, list[float]] = {True: [], False: []}
+        reads: dict[bool, int] = {}
+        for _ in range(7):
+            for local in (True, False):
+                source = Reads(engine, local=local)
+                start = time.perf_counter()
+                for _ in range(20):
+                    await compare(LocalGetter(StagingMap(), source), subject, other, budget=10**6)
+                times[local].append((time.perf_counter() - start) / 20)
+                reads[local] = source.events // 20
+    finally:
+        await engine.close()
+    eighth, whole = (Walk(statistics.median(times[k]), reads[k]) for k in (True, False))
+    return eighth, whole
 
 
 async def walk_rows(root: Path) -> list[list[str]]:
     rows = []
     long = 300 if SMALL else 1000
     for name, make in (
-        ("MemoryStorage", MemoryStorage),
-        ("LMDB", lambda: LmdbStorage(root / f"walks-{random.getrandbits(32)}")),
+        ("MemoryStorage", lambda shape: MemoryStorage()),
+        ("LMDB", lambda shape: LmdbStorage(root / f"walks-{shape}")),
     ):
-        engine = make()
-        (eighth, _), (whole, _) = (await walk_times(engine, 0, long)).values()
-        ratio = eighth / whole
+        eighth, whole = await walk_times(make("long"), 0, long)
+        ratio = eighth.seconds / whole.seconds
         rows.append(
             [
                 f"walk down two {long:,}-event branches, {name}: an eighth of the read-ahead",
-                f"{fmt_time(eighth)} vs {fmt_time(whole)} with all of it ({ratio:.2f}x)",
+                (
+                    f"{fmt_time(eighth.seconds)} vs {fmt_time(whole.seconds)} with all of it "
+                    f"({ratio:.2f}x)"
+                ),
                 "≤ 1.2x",
                 verdict(ratio <= 1.2),
             ]
         )
-        engine = make()
-        (eighth, few), (whole, many) = (await walk_times(engine, 5000, 3)).values()
+        eighth, whole = await walk_times(make("short"), 5000, 3)
         rows.append(
             [
                 f"walk of two 3-event branches on 5,000 events, {name}: events read",
-                f"{few:,} vs {many:,} with all of it ({fmt_time(eighth)} vs {fmt_time(whole)})",
+                (
+                    f"{eighth.reads:,} vs {whole.reads:,} with all of it "
+                    f"({fmt_time(eighth.seconds)} vs {fmt_time(whole.seconds)})"
+                ),
                 "fewer",
-                verdict(few < many),
+                verdict(eighth.reads < whole.reads),
             ]
         )
     return rows
