@@ -88,6 +88,38 @@ async def test_commits_made_while_the_frames_are_unanswered_go_in_one_frame(
     await a.close()
 
 
+async def test_a_commit_made_while_the_sender_waits_is_sent_by_the_committing_task(
+    served: InProcessServer,
+) -> None:
+    """The sender would send it alone and at once: the committing task sends it itself (a
+    task switch less per awaited commit); behind FRAMES unanswered frames, the sender does."""
+    a = await client_of(served)
+    doc = await create(a, title="t")
+    pipeline = a._pipeline
+    assert pipeline is not None
+    senders: list[asyncio.Task[Any] | None] = []
+    dispatch = pipeline._dispatch
+
+    def dispatched(*args: Any) -> None:
+        senders.append(asyncio.current_task())
+        dispatch(*args)
+
+    pipeline._dispatch = dispatched  # type: ignore[method-assign,assignment]
+    held = Held(served)
+    transactions = await _queued_behind_the_frames(a, held, doc)
+    queued = await _edit(a, doc, n=FRAMES + 1)
+    held.release()
+    await asyncio.wait_for(asyncio.gather(*(t.confirmed() for t in [*transactions, queued])), 10)
+    me = asyncio.current_task()
+    assert senders[:FRAMES] == [me] * FRAMES, "sent by the committing task, at once"
+    assert len(senders) == FRAMES + 1
+    assert senders[FRAMES] is not me, "queued behind the unanswered frames: the sender's"
+    assert held.seen == [1] * (FRAMES + 1)
+    history = await served.node.storage.events_of(doc)
+    assert [e.generation for e in history] == list(range(1, FRAMES + 3)), "in commit order"
+    await a.close()
+
+
 async def test_a_frame_carries_at_most_the_commits_the_limits_allow(
     served: InProcessServer,
 ) -> None:

@@ -240,7 +240,7 @@ class Flight:
         self._sizes: deque[int] = deque()
         self._room = Pool(WINDOW)  # commits, counted one each
         self._bytes = Pool(FLIGHT_BYTES)
-        self._frames = asyncio.Semaphore(FRAMES)
+        self._frames = Pool(FRAMES)  # frames, counted one each
         self._confirm = confirm
         self._paused = paused
         self.attention = asyncio.Event()
@@ -249,15 +249,19 @@ class Flight:
     async def frame(self) -> None:
         """Wait until fewer than :data:`FRAMES` frames are unanswered, and take a place;
         :meth:`sent` (or :meth:`unsent`) gives it back."""
-        await self._frames.acquire()
+        await self._frames.take(1)
+
+    def try_frame(self) -> bool:
+        """Take a place for a frame if one is free now (as :meth:`frame`, not waiting)."""
+        return self._frames.try_take(1)
 
     def sent(self, answer: asyncio.Future[Message]) -> None:
         """The frame whose place was taken is sent: its place is back once ``answer`` is."""
-        answer.add_done_callback(lambda _: self._frames.release())
+        answer.add_done_callback(lambda _: self._frames.give(1))
 
     def unsent(self) -> None:
         """The frame whose place was taken was not sent after all."""
-        self._frames.release()
+        self._frames.give(1)
 
     async def slot(self, size: int) -> None:
         """Wait for a slot for a commit of ``size`` bytes, and take it."""

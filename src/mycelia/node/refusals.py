@@ -10,6 +10,9 @@ Rules:
 - A refusal takes out the refused commit and every owed commit built on it, by event
   parents, transitively (:func:`doomed_by`); those get
   :class:`~mycelia.errors.CommitReverted`, caused by the refusal they descend from.
+- The revert reads from the durable peer its states of the entities the doomed commits
+  touched (:func:`peer_states`) and which of this node's other owed events on them it
+  holds already (:func:`not_held`: the rest are replayed on top).
 """
 
 from __future__ import annotations
@@ -31,9 +34,20 @@ from mycelia.errors import (
     error_class,
 )
 from mycelia.node.outbox import Owed
-from mycelia.proto import EntityId, EventId
+from mycelia.node.ports import MakeRequest, Session
+from mycelia.proto import AdmittedEvent, EntityId, EntityState, EventId
+from mycelia.proto.peering import DeltasResponse, EventsResponse, GetEventsRequest, GetRequest
 
-__all__ = ["LATER", "REFUSALS", "Later", "Rejection", "doomed_by", "refusal_in"]
+__all__ = [
+    "LATER",
+    "REFUSALS",
+    "Later",
+    "Rejection",
+    "doomed_by",
+    "not_held",
+    "peer_states",
+    "refusal_in",
+]
 
 REFUSALS: Final = (PolicyDenied, DecodeError, SystemError_, LineageError, InvalidArgument)
 """What a durable peer's answer must name for a commit to count as refused (and be
@@ -110,3 +124,38 @@ def _reverted(seq: int, origin: int, refusal: MyceliaError) -> CommitReverted:
     )
     error.__cause__ = refusal
     return error
+
+
+async def peer_states(
+    session: Session, entities: list[EntityId], *, step: int
+) -> dict[EntityId, EntityState | None]:
+    """The durable peer's state of each of ``entities`` (``None``: it has none), asked
+    ``step`` entities a request."""
+    states: dict[EntityId, EntityState | None] = dict.fromkeys(entities)
+    for start in range(0, len(entities), step):
+        ids = tuple(entities[start : start + step])
+        response = await session.request(_get(ids), expect=DeltasResponse)
+        for delta in response.deltas:
+            if delta.entity_id in states and delta.state is not None:
+                states[delta.entity_id] = delta.state
+    return states
+
+
+async def not_held(
+    session: Session, events: list[AdmittedEvent], *, step: int
+) -> list[AdmittedEvent]:
+    """Those of ``events`` the durable peer does not hold, asked ``step`` events a request."""
+    held: set[EventId] = set()
+    for start in range(0, len(events), step):
+        ids = tuple(e.id for e in events[start : start + step])
+        response = await session.request(_get_events(ids), expect=EventsResponse)
+        held.update(e.id for e in response.events)
+    return [e for e in events if e.id not in held]
+
+
+def _get(ids: tuple[EntityId, ...]) -> MakeRequest:
+    return lambda rid: GetRequest(rid, ids, ())
+
+
+def _get_events(ids: tuple[EventId, ...]) -> MakeRequest:
+    return lambda rid: GetEventsRequest(rid, ids, 0)
