@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import pytest
 
+from mycelia.entity import EntityChange
+from mycelia.entity.snapshots import absent
 from mycelia.errors import ConnectionClosed, Overloaded, PolicyDenied, RemoteProtocolError
 from mycelia.node.http import HttpEndpoints
 from mycelia.node.metrics import Metrics
 from mycelia.node.tokens import TokenAgent, TokenIssuer, encode_token
 from mycelia.node.transport import memory_pair
 from mycelia.node.wiretap import MeteredTransport, close_code
+from mycelia.proto import AdmittedEvent, EntityId, Event
 from mycelia.proto.messages import encode_frame
 from mycelia.proto.peering import Ack, CommitRequest, ErrorResponse, GetRequest
+
+SYSTEM = EntityId(b"s" * 32)
 
 
 class Clock:
@@ -108,6 +113,27 @@ def test_the_hooks_for_node_internals_feed_their_metrics() -> None:
     assert sample(metrics, "mycelia_storage_write_seconds_bucket", le="0.0025") == 1
     assert sample(metrics, "mycelia_outbox_events") == 5
     assert sample(metrics, "mycelia_live_queries") == 2
+
+
+def test_a_commit_counts_the_entities_and_events_it_changed_by_collection() -> None:
+    metrics = Metrics()
+    genesis = [
+        AdmittedEvent(Event.genesis(collection=c, system=SYSTEM, nonce=bytes([n]) * 16), 1)
+        for n, c in enumerate(["albums", "albums", "tracks"])
+    ]
+    changes = [_change(e.event.collection, (e,)) for e in genesis]
+    changes.append(_change("tracks", ()))  # a snapshot's change: an entity, no event
+    metrics.changed(changes)
+    assert sample(metrics, "mycelia_commits_total") == 1
+    assert sample(metrics, "mycelia_entity_changes_total", collection="albums") == 2
+    assert sample(metrics, "mycelia_entity_changes_total", collection="tracks") == 2
+    assert sample(metrics, "mycelia_events_ingested_total", collection="albums") == 2
+    assert sample(metrics, "mycelia_events_ingested_total", collection="tracks") == 1
+
+
+def _change(collection: str, events: tuple[AdmittedEvent, ...]) -> EntityChange:
+    after = absent(EntityId(bytes(32)), collection)
+    return EntityChange(after, after, events, frozenset())
 
 
 def status(endpoints: HttpEndpoints, method: str, path: str, auth: str | None) -> int | None:
