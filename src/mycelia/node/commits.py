@@ -12,11 +12,11 @@ written (:class:`LocalCommits`). An ephemeral node's commit (:class:`CommitPipel
    every commit queued by then that fits it (a ``CommitsRequest``, with a verdict per
    commit in its answer). A commit the sender would send alone and at once (it waits
    for one, nothing is queued, the flight has room) is sent by the committing task
-   itself, one task switch sooner. The peer applies one connection's commits in the order they
-   arrive (grouping what arrives together into one write) and answers in that order. An
-   Ack (or a commit's verdict) settles a commit where it arrives, oldest first (the
-   answer's callback, :class:`~mycelia.node.flight.Flight`: its waiters wake, no task
-   does; its record is deleted, in batches); any other answer is the confirmer's. An
+   itself, one task switch sooner. The peer applies one connection's commits in the
+   order they arrive (grouping what arrives together into one write) and answers in that
+   order. An Ack (or a commit's verdict) settles a commit where it arrives, oldest first
+   (the answer's callback, :class:`~mycelia.node.flight.Flight`: its waiters wake, no
+   task does; its record is deleted, in batches); any other answer is the confirmer's. An
    error answering a frame of several commits as a whole settles none of them, and from
    then on each goes alone.
 3. **A refusal reverts, visibly** (what counts as one: :mod:`mycelia.node.refusals`).
@@ -200,8 +200,7 @@ class CommitPipeline:
     def _sent_at_once(self, pending: Pending) -> bool:
         """Send ``pending`` from the committing task if the sender would send it alone and
         at once (it waits for a commit, the flight has room): one task switch less between
-        a commit and its frame, which is most of an awaited commit's time on this side. In
-        order: nothing is queued and the sender holds nothing."""
+        a commit and its frame. In order: nothing is queued and the sender holds nothing."""
         if self._open is None or not self._idle or self._paused or self._queue:
             return False
         session, flight = self._open
