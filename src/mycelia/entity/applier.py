@@ -44,11 +44,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from mycelia.entity import lookups
 from mycelia.entity.admission import admit, admit_fresh, by_entity
 from mycelia.entity.entity import Entity
 from mycelia.entity.loading import ResidentLoader
 from mycelia.entity.locks import EntityLocks
+from mycelia.entity.lookups import HeadLookups
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.placement import Placement
 from mycelia.entity.residents import Residents
@@ -125,6 +125,8 @@ class Applier:
         )
         """Where remote events go against a head (``sole_writer``: whether only this applier
         writes ``store``; see :mod:`mycelia.entity.placement`)."""
+        self._lookups = HeadLookups(self.load, self._placement, durable=durable)
+        """What to look up before admitting events (:mod:`mycelia.entity.lookups`)."""
         self.locks = EntityLocks()
         """The locks that serialise changes to each entity (while they are used)."""
         self._epochs: dict[EntityId, int] = {}
@@ -234,8 +236,8 @@ class Applier:
             earlier: dict[EventId, AdmittedEvent] = {}
             for events in commits:
                 groups = by_entity(events)
-                unsure = {i: g for i, g in groups.items() if not await self._on_head(i, g)}
-                wanted = await self._lookups(unsure)
+                unsure = {i: g for i, g in groups.items() if not await self._lookups.needless(i, g)}
+                wanted = await self._lookups.ids(unsure)
                 asked = wanted - earlier.keys()
                 known = dict(await self._store.get_events(asked)) if asked else {}
                 known.update((i, earlier[i]) for i in wanted if i in earlier)
@@ -253,21 +255,6 @@ class Applier:
             result.stored.extend(more.stored)
         return result
 
-    async def _on_head(self, entity_id: EntityId, group: list[Event]) -> bool:
-        """Whether a peer's events for one entity need no lookup at all: a remote commit
-        made on the head this durable node holds (nearly all; :func:`lookups.on_head`)."""
-        entity = await self.load(entity_id)
-        return (
-            entity is not None
-            and await self._closed(entity)
-            and lookups.on_head(group, entity.head_map)
-        )
-
-    async def _closed(self, entity: Entity) -> bool:
-        """Whether this is a durable node holding ``entity`` with every tip of its head
-        stored: where the no-lookup rules of :mod:`~mycelia.entity.lookups` hold."""
-        return self._durable and entity.exists and await self._placement.history_closed(entity)
-
     async def _ingest_once(
         self,
         events: Sequence[Event],
@@ -279,7 +266,7 @@ class Applier:
     ) -> None:
         groups = by_entity(events)
         async with self.staging(groups, result, meta=meta) as run:
-            known = await self._store.get_events(await self._lookups(groups))
+            known = await self._store.get_events(await self._lookups.ids(groups))
             for entity_id, group in groups.items():
                 try:
                     run.add(await self._plan(entity_id, group, known, result, atomic=atomic), check)
@@ -289,18 +276,6 @@ class Applier:
                         raise
                     log.info("refused events for entity %s: %s", entity_id, exc)
                     result.errors[entity_id] = exc
-
-    async def _lookups(self, groups: Mapping[EntityId, list[Event]]) -> set[EventId]:
-        """The ids to look up before admitting ``groups``: not a parent on its entity's
-        head here (:func:`lookups.wanted`)."""
-        ids: set[EventId] = set()
-        for entity_id, group in groups.items():
-            try:
-                entity = await self.load(entity_id)
-            except MyceliaError:  # planning the group reports it
-                entity = None
-            ids |= lookups.wanted(group, entity.head_map if entity is not None else {})
-        return ids
 
     async def _plan(
         self,
@@ -372,7 +347,7 @@ class Applier:
                 entity = await self.load(entity_id)
                 if entity is None:
                     entity = Entity.empty(entity_id, group[0].collection)
-                if not await self._surely_new(entity, base):
+                if not await self._lookups.surely_new(entity, base.head):
                     unsure += (e.id for e in group)
                 work.append((entity, group, base))
             # An event already stored is a no-op (a retried commit): ask storage about the
@@ -384,11 +359,6 @@ class Applier:
             if record is not None:
                 run.meta = (*run.meta, *record([e for p in run.plans for e in p.staged]))
         return result
-
-    async def _surely_new(self, entity: Entity, base: ForkBase) -> bool:
-        """Whether an event made on ``base`` needs no lookup before it is written: the head
-        is still the fork's on a durable node (see :mod:`~mycelia.entity.lookups`)."""
-        return entity.head_map == base.head and await self._closed(entity)
 
     def _plan_fresh(
         self,

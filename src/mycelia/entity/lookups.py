@@ -16,22 +16,27 @@ batch's ids and parents are looked up first, except where the entity's head here
   writes with the stored one (:mod:`mycelia.storage.join`, a state CRDT), which makes it
   the no-op it would have been. A genesis is always looked up: one for an existing entity
   is a duplicate.
-- **A local commit made on the head** (the applier's ``_surely_new``), on such a node,
+- **A local commit made on the head** (:meth:`HeadLookups.surely_new`), on such a node,
   while the head is still the fork's: every stored event of the entity is the head or an
   ancestor of it (§4: admission keeps history closed, and every event stored here was
   placed on the head), and an event made on the head is a child of it, so none is stored.
   Where other processes write the store, one of them may have stored this very event only
   by making the same edit on the same head; the write is then the no-op the lookup would
   have made it, as for a remote commit. So a local commit there costs no round trip.
+
+:class:`HeadLookups` applies these rules for an applier, to its resident entities.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from mycelia.proto import Event, EventId
+from mycelia.entity.entity import Entity
+from mycelia.entity.placement import Placement
+from mycelia.errors import MyceliaError
+from mycelia.proto import EntityId, Event, EventId
 
-__all__ = ["on_head", "wanted"]
+__all__ = ["HeadLookups", "on_head", "wanted"]
 
 
 def wanted(group: Sequence[Event], head: Mapping[EventId, int]) -> set[EventId]:
@@ -53,3 +58,47 @@ def on_head(group: Sequence[Event], head: Mapping[EventId, int]) -> bool:
         e.parent and e.id not in head and all(p in head or p in ids for p in e.parent)
         for e in group
     )
+
+
+class HeadLookups:
+    """The rules above, for an applier: its resident entities (``load``) and whether their
+    whole history is stored here (``placement``, on a ``durable`` node)."""
+
+    def __init__(
+        self,
+        load: Callable[[EntityId], Awaitable[Entity | None]],
+        placement: Placement,
+        *,
+        durable: bool,
+    ) -> None:
+        self._load = load
+        self._placement = placement
+        self._durable = durable
+
+    async def ids(self, groups: Mapping[EntityId, list[Event]]) -> set[EventId]:
+        """The ids to look up before admitting ``groups`` (:func:`wanted`, against each
+        entity's head here)."""
+        ids: set[EventId] = set()
+        for entity_id, group in groups.items():
+            try:
+                entity = await self._load(entity_id)
+            except MyceliaError:  # planning the group reports it
+                entity = None
+            ids |= wanted(group, entity.head_map if entity is not None else {})
+        return ids
+
+    async def needless(self, entity_id: EntityId, group: list[Event]) -> bool:
+        """Whether a peer's events for one entity need no lookup at all: a remote commit
+        made on the head this durable node holds (nearly all; :func:`on_head`)."""
+        entity = await self._load(entity_id)
+        return entity is not None and await self._closed(entity) and on_head(group, entity.head_map)
+
+    async def surely_new(self, entity: Entity, fork_head: Mapping[EventId, int]) -> bool:
+        """Whether an event made on ``fork_head`` needs no lookup before it is written: the
+        head is still the fork's on a durable node (see the module docstring)."""
+        return entity.head_map == fork_head and await self._closed(entity)
+
+    async def _closed(self, entity: Entity) -> bool:
+        """Whether this is a durable node holding ``entity`` with every tip of its head
+        stored: where the no-lookup rules hold."""
+        return self._durable and entity.exists and await self._placement.history_closed(entity)

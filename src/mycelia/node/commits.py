@@ -75,6 +75,7 @@ from mycelia.node.refusals import (
     LATER,
     Later,
     Rejection,
+    Rejections,
     doomed_by,
     not_held,
     peer_states,
@@ -90,8 +91,6 @@ __all__ = ["WINDOW", "CommitPipeline", "LocalCommits", "Rejection"]
 
 log = logging.getLogger(__name__)
 
-REJECTIONS_KEPT: Final = 1024
-"""Rejection records a slow reader of ``rejections()`` may fall behind by (then dropped)."""
 FRAME_MARGIN: Final = 64 * 1024
 """Room a commit request leaves in a frame for its envelope."""
 
@@ -146,7 +145,7 @@ class CommitPipeline:
         self._over = SessionOver()
         self._to_settle: list[Owed] = []
         self._settle_wake = asyncio.Event()
-        self._readers: list[asyncio.Queue[Rejection]] = []
+        self._rejections = Rejections()
         self._batching = True
         """Whether owed commits queued together go in one frame (see _batch_answered)."""
         self._open: tuple[Session, Flight] | None = None
@@ -233,17 +232,7 @@ class CommitPipeline:
 
     def rejections(self) -> AsyncIterator[Rejection]:
         """Every rejection from now on (see :class:`Rejection`), as an async iterator."""
-        queue: asyncio.Queue[Rejection] = asyncio.Queue(REJECTIONS_KEPT)
-        self._readers.append(queue)
-
-        async def stream() -> AsyncIterator[Rejection]:
-            try:
-                while True:
-                    yield await queue.get()
-            finally:
-                self._readers.remove(queue)
-
-        return stream()
+        return self._rejections.stream()
 
     # -- a session -------------------------------------------------------------------------
 
@@ -483,13 +472,9 @@ class CommitPipeline:
             self._owed.pop(pending.owed.seq, None)
             log.warning("the durable peer refused local commit %d: %s", pending.owed.seq, error)
             pending.fail(error)
-            self._publish(Rejection(pending.owed.ids, tuple(sorted(pending.owed.entities)), error))
-
-    def _publish(self, rejection: Rejection) -> None:
-        for queue in self._readers:
-            if queue.full():
-                queue.get_nowait()  # a reader that does not keep up loses the oldest
-            queue.put_nowait(rejection)
+            self._rejections.publish(
+                Rejection(pending.owed.ids, tuple(sorted(pending.owed.entities)), error)
+            )
 
 
 def _commit_request(owed: Owed) -> MakeRequest:

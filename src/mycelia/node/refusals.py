@@ -10,6 +10,8 @@ Rules:
 - A refusal takes out the refused commit and every owed commit built on it, by event
   parents, transitively (:func:`doomed_by`); those get
   :class:`~mycelia.errors.CommitReverted`, caused by the refusal they descend from.
+- Readers of rejections each get every one published while they read
+  (:class:`Rejections`).
 - The revert reads from the durable peer its states of the entities the doomed commits
   touched (:func:`peer_states`) and which of this node's other owed events on them it
   holds already (:func:`not_held`: the rest are replayed on top).
@@ -17,7 +19,8 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -41,8 +44,10 @@ from mycelia.proto.peering import DeltasResponse, EventsResponse, GetEventsReque
 __all__ = [
     "LATER",
     "REFUSALS",
+    "REJECTIONS_KEPT",
     "Later",
     "Rejection",
+    "Rejections",
     "doomed_by",
     "not_held",
     "peer_states",
@@ -89,6 +94,39 @@ class Rejection:
     entities: tuple[EntityId, ...]
     error: MyceliaError
     """The peer's refusal, or CommitReverted (its ``__cause__`` is that refusal)."""
+
+
+REJECTIONS_KEPT: Final = 1024
+"""Rejection records a slow reader of a stream may fall behind by (then dropped)."""
+
+
+class Rejections:
+    """Every :class:`Rejection` published, to each stream open at the time (a reader
+    that falls :data:`REJECTIONS_KEPT` behind loses the oldest)."""
+
+    def __init__(self) -> None:
+        self._readers: list[asyncio.Queue[Rejection]] = []
+
+    def stream(self) -> AsyncIterator[Rejection]:
+        """Every rejection from now on, as an async iterator."""
+        queue: asyncio.Queue[Rejection] = asyncio.Queue(REJECTIONS_KEPT)
+        self._readers.append(queue)
+
+        async def stream() -> AsyncIterator[Rejection]:
+            try:
+                while True:
+                    yield await queue.get()
+            finally:
+                self._readers.remove(queue)
+
+        return stream()
+
+    def publish(self, rejection: Rejection) -> None:
+        """Hand ``rejection`` to every open stream."""
+        for queue in self._readers:
+            if queue.full():
+                queue.get_nowait()  # a reader that does not keep up loses the oldest
+            queue.put_nowait(rejection)
 
 
 def doomed_by(
