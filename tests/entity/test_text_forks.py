@@ -110,10 +110,12 @@ async def test_a_committed_fork_s_document_becomes_the_spare_without_its_own_dif
     await node.ingest(await other.context().history(Note, note_id))
     applied.clear()
     await between.commit()
-    assert len(applied) == 2, "the resident's, and the peer's edit to the returning document"
-    monkeypatch.undo()
+    assert len(applied) == 1, "the resident's: the document coming back is behind"
+    applied.clear()
     async with ctx.transaction() as trx:  # takes the spare that came back
         (await trx.edit(Note, note_id)).body.insert(0, "!")
+        assert len(applied) == 1, "the peer's edit, brought to the spare as it is taken"
+    monkeypatch.undo()
     text = str((await ctx.get(Note, note_id)).body)
     assert sorted(text) == sorted("!YPX10ab")
     replica = await Node.open(MemoryStorage(), durable=True)
@@ -121,6 +123,51 @@ async def test_a_committed_fork_s_document_becomes_the_spare_without_its_own_dif
     await replica.ingest(await ctx.history(Note, note_id))
     assert str((await replica.context().get(Note, note_id)).body) == text
     ours, theirs = await node.storage.get_state(note_id), await replica.storage.get_state(note_id)
+    assert ours is not None
+    assert theirs is not None
+    assert ours.state == theirs.state
+
+
+async def test_remote_edits_are_applied_once_and_the_spare_catches_up_when_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A subscriber that edits now and then holds a spare: a peer's edits are applied to
+    the resident's document only, and the next fork brings the spare up to date in one
+    update, with every edit in it."""
+    node = await _node()
+    ctx = node.context()
+    async with ctx.transaction() as trx:
+        note_id = trx.create(Note, body="ab").id
+    for i in range(2):  # the spare comes back with the second commit
+        async with ctx.transaction() as trx:
+            (await trx.edit(Note, note_id)).body.insert(0, str(i))
+    other = await Node.open(MemoryStorage(), durable=True)
+    await other.join_system(await node.system_events())
+    await other.ingest(await ctx.history(Note, note_id))
+    for piece in "PQR":
+        async with other.context().transaction() as trx:
+            (await trx.edit(Note, note_id)).body.insert(0, piece)
+    applied: list[int] = []
+    original = pycrdt.Doc.apply_update
+
+    def counted(doc: pycrdt.Doc[Any], update: bytes) -> None:
+        applied.append(id(doc))
+        original(doc, update)
+
+    monkeypatch.setattr(pycrdt.Doc, "apply_update", counted)
+    await node.ingest(await other.context().history(Note, note_id))
+    assert len(applied) == 3, "each of the peer's edits, to the resident's document only"
+    assert len(set(applied)) == 1
+    applied.clear()
+    async with ctx.transaction() as trx:
+        body = (await trx.edit(Note, note_id)).body
+        assert len(applied) == 1, "the spare, caught up in one update"
+        assert str(body) == "RQP10ab"
+        body.insert(7, "!")
+    monkeypatch.undo()
+    assert str((await ctx.get(Note, note_id)).body) == "RQP10ab!"
+    await other.ingest(await ctx.history(Note, note_id))
+    ours, theirs = await node.storage.get_state(note_id), await other.storage.get_state(note_id)
     assert ours is not None
     assert theirs is not None
     assert ours.state == theirs.state

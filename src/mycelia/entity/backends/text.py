@@ -19,11 +19,15 @@ Invariants (ARCHITECTURE.md §5 "Text"):
   the fork that made the diff (when nothing else was applied between; otherwise, and for
   remote updates, a text is read again when next asked — O(document), as Yrs offers no
   cheaper way to learn what an update changed), a fork takes the resident's *spare*
-  document (kept in lockstep: every update applied to the resident is applied to it) instead
-  of copying the document, and a fork's diff is the Yrs update of its own transactions.
-  The spare comes back when the fork's diff is applied to the resident (brought up to date
-  with what was applied meanwhile); a fork that never commits is simply dropped, and the
-  next fork copies the document once (and becomes the spare when it commits).
+  document instead of copying the document, and a fork's diff is the Yrs update of its own
+  transactions. The spare comes back when the fork's diff is applied to the resident; a
+  fork that never commits is simply dropped, and the next fork copies the document once
+  (and becomes the spare when it commits).
+- The spare is brought up to date only when a fork takes it: an update applied to the
+  resident marks it *behind*, and the fork that takes a spare behind applies the
+  resident's update since the spare's state vector (one Yrs update: what came between,
+  and the delete set). A replica that mostly receives (a subscriber that edits now and
+  then) so applies each remote update once, not twice.
 - Local edits happen on a fork with its own Yrs client id. A client id must never be used
   by two live forks at once (Yrs would mint two items with one id), so forks draw ids from
   the injected :class:`ClientIds`; a spare keeps the id it was made with and is handed out
@@ -104,6 +108,7 @@ class TextBackend:
         "_returns",
         "_roots_of",
         "_spare",
+        "_spare_behind",
         "_texts",
         "_txn",
         "_updates",
@@ -129,7 +134,8 @@ class TextBackend:
         self._log: list[bytes] = []  # updates applied since (append-only; replaced on fold)
         self._log_bytes = 0
         self._version = 0  # bumped by every change (a Deferred knows if it is current)
-        self._spare: Doc[Any] | None = None  # a copy in lockstep, for the next fork
+        self._spare: Doc[Any] | None = None  # a copy for the next fork
+        self._spare_behind = False  # whether updates were applied here and not to the spare
         self._returns: dict[bytes, _Return] = {}
         # Fork side:
         self._lender: weakref.ref[TextBackend] | None = None
@@ -230,7 +236,7 @@ class TextBackend:
         return set(self._roots())
 
     def _integrate(self, update: bytes) -> None:
-        """Apply one update here and to the spare, and log it.
+        """Apply one update here (the spare, if any, is then behind), and log it.
 
         The texts are read again when next asked (O(document): Yrs offers no cheaper way to
         learn what an update changed) — unless the update is a fork's diff made on exactly
@@ -254,21 +260,16 @@ class TextBackend:
             self._texts = {}
             self._names = None
         if self._spare is not None:
-            self._spare.apply_update(update)
+            self._spare_behind = True
         elif back is not None:
             self._take_back(back, at)
 
     def _take_back(self, back: _Return, at: int) -> None:
-        """Make a committed fork's document the spare, brought up to date with the updates
-        logged between its fork and its own diff, logged at ``at`` (it holds that one)."""
+        """Make a committed fork's document the spare: behind, unless nothing was logged
+        between its fork and its own diff, logged at ``at`` (it holds that one)."""
         self._returns.clear()
-        doc = back.doc
-        if back.log is self._log:
-            for update in back.log[back.count : at]:  # (none, nearly always)
-                doc.apply_update(update)
-        else:  # the log was folded since the fork: catch up by state vector
-            doc.apply_update(self._doc.get_update(doc.get_state()))
-        self._spare = doc
+        self._spare = back.doc
+        self._spare_behind = back.log is not self._log or back.count != at
 
     def _roots(self) -> list[str]:
         names = self._names
@@ -297,11 +298,14 @@ class TextBackend:
 
     def fork(self, ids: ClientIds | None = None) -> Self:
         """A copy with a client id from ``ids`` (a replica without): this document's spare
-        when it has one whose id is free (O(1)), else a copy (O(document))."""
+        when it has one whose id is free (O(1), or O(what it is behind)), else a copy
+        (O(document))."""
         spare = self._spare
         if spare is not None and ids is not None and ids.claim(int(spare.client_id)):
             self._spare = None
             doc = spare
+            if self._spare_behind:  # what came since, by state vector (and the deletes)
+                doc.apply_update(self._doc.get_update(doc.get_state()))
         else:
             doc = _new_doc(ids)
             doc.apply_update(self._doc.get_update())
