@@ -22,6 +22,19 @@ async def _node() -> Node:
     return node
 
 
+def _count_applied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, the id of each document a Yrs update is applied to, in order."""
+    applied: list[int] = []
+    original = pycrdt.Doc.apply_update
+
+    def counted(doc: pycrdt.Doc[Any], update: bytes) -> None:
+        applied.append(id(doc))
+        original(doc, update)
+
+    monkeypatch.setattr(pycrdt.Doc, "apply_update", counted)
+    return applied
+
+
 async def test_sequential_and_concurrent_text_transactions_keep_every_edit() -> None:
     node = await _node()
     ctx = node.context()
@@ -87,14 +100,7 @@ async def test_a_committed_fork_s_document_becomes_the_spare_without_its_own_dif
     for i in range(2):  # the second fork takes the spare the first one gave back
         async with ctx.transaction() as trx:
             (await trx.edit(Note, note_id)).body.insert(0, str(i))
-    applied: list[int] = []
-    original = pycrdt.Doc.apply_update
-
-    def counted(doc: pycrdt.Doc[Any], update: bytes) -> None:
-        applied.append(id(doc))
-        original(doc, update)
-
-    monkeypatch.setattr(pycrdt.Doc, "apply_update", counted)
+    applied = _count_applied(monkeypatch)
     async with ctx.transaction() as trx:
         (await trx.edit(Note, note_id)).body.insert(0, "X")
     assert len(applied) == 1, "the resident's document only"
@@ -147,14 +153,7 @@ async def test_remote_edits_are_applied_once_and_the_spare_catches_up_when_taken
     for piece in "PQR":
         async with other.context().transaction() as trx:
             (await trx.edit(Note, note_id)).body.insert(0, piece)
-    applied: list[int] = []
-    original = pycrdt.Doc.apply_update
-
-    def counted(doc: pycrdt.Doc[Any], update: bytes) -> None:
-        applied.append(id(doc))
-        original(doc, update)
-
-    monkeypatch.setattr(pycrdt.Doc, "apply_update", counted)
+    applied = _count_applied(monkeypatch)
     await node.ingest(await other.context().history(Note, note_id))
     assert len(applied) == 3, "each of the peer's edits, to the resident's document only"
     assert len(set(applied)) == 1
