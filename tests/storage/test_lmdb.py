@@ -116,7 +116,7 @@ async def test_another_layout_version_is_refused(tmp_path: Path) -> None:
 
 
 def _format_of(path: Path) -> bytes | None:
-    env = lmdb.open(str(path), max_dbs=8, readonly=True, lock=False)
+    env = lmdb.open(str(path), max_dbs=9, readonly=True, lock=False)
     try:
         with env.begin() as txn:
             value = txn.get(b"format", db=env.open_db(b"engine", txn=txn))
@@ -125,23 +125,27 @@ def _format_of(path: Path) -> bytes | None:
         env.close()
 
 
-async def test_layout_2_is_read_as_it_is_and_bumped_by_a_writable_open(tmp_path: Path) -> None:
+@pytest.mark.parametrize("older", [b"2", b"3"])
+async def test_layouts_2_and_3_are_read_as_they_are_and_bumped_by_a_writable_open(
+    tmp_path: Path, older: bytes
+) -> None:
     h = History.make()
     storage = LmdbStorage(tmp_path / "s")
     await storage.write(WriteBatch(tuple(h.events), (state_of([h.m]),)))
     await storage.close()
-    env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
-    with env.begin(write=True) as txn:  # as a store written before text parts (layout 2)
-        txn.put(b"format", b"2", db=env.open_db(b"engine", txn=txn))
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=9)
+    with env.begin(write=True) as txn:  # as a store written before text parts (2), or aside (3)
+        txn.put(b"format", older, db=env.open_db(b"engine", txn=txn))
+        txn.drop(env.open_db(b"parts", txn=txn), delete=True)
     env.close()
     reader = LmdbStorage(tmp_path / "s", readonly=True)
     try:
         assert await reader.get_state(h.entity_id) == state_of([h.m]).state
     finally:
         await reader.close()
-    assert _format_of(tmp_path / "s") == b"2", "a read-only open changed nothing"
+    assert _format_of(tmp_path / "s") == older, "a read-only open changed nothing"
     await LmdbStorage(tmp_path / "s").close()
-    assert _format_of(tmp_path / "s") == FORMAT_VERSION == b"3"
+    assert _format_of(tmp_path / "s") == FORMAT_VERSION == b"4"
 
 
 async def test_a_damaged_event_is_reported_corrupt_not_returned(tmp_path: Path) -> None:

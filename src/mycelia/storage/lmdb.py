@@ -235,8 +235,12 @@ class LmdbStorage:
 
     async def get_state(self, entity_id: EntityId) -> EntityState | None:
         """The stored state, or None."""
-        value = self._read(lambda txn: txn.get(entity_id, db=self._dbs[b"states"]))
-        return None if value is None else stored_state(value)
+
+        def read(txn: Txn) -> EntityState | None:
+            value = txn.get(entity_id, db=self._dbs[b"states"])
+            return None if value is None else stored_state(value, txn, self._dbs)
+
+        return self._read(read)
 
     async def get_states(self, ids: Collection[EntityId]) -> dict[EntityId, EntityState]:
         """The stored states among ``ids``."""
@@ -244,7 +248,7 @@ class LmdbStorage:
         def read(txn: Txn) -> dict[EntityId, EntityState]:
             db = self._dbs[b"states"]
             found = ((i, txn.get(i, db=db)) for i in ids)
-            return {i: stored_state(v) for i, v in found if v is not None}
+            return {i: stored_state(v, txn, self._dbs) for i, v in found if v is not None}
 
         return await self._read_large(read, len(ids))
 
@@ -266,7 +270,8 @@ class LmdbStorage:
 
         def read(txn: Txn) -> list[StoredState]:
             db = self._dbs[b"states"]
-            return [stored(v) for v in (txn.get(i, db=db) for i in ids) if v is not None]
+            found = (txn.get(i, db=db) for i in ids)
+            return [stored(v, txn, self._dbs) for v in found if v is not None]
 
         return await self._read_large(read, len(ids))
 
@@ -372,8 +377,12 @@ class LmdbStorage:
 
     async def _entity_records(self, entity_id: EntityId) -> list[EntityRecord]:
         events = await self.events_of(entity_id)
-        raw = self._read(lambda txn: txn.get(entity_id, db=self._dbs[b"states"]))
-        return entity_records(entity_id, events, None if raw is None else stored(raw))
+
+        def read(txn: Txn) -> StoredState | None:
+            raw = txn.get(entity_id, db=self._dbs[b"states"])
+            return None if raw is None else stored(raw, txn, self._dbs)
+
+        return entity_records(entity_id, events, self._read(read))
 
     async def load(
         self, records: AsyncIterable[DumpRecord], *, if_offset: int | None = None

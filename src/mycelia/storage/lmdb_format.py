@@ -10,6 +10,8 @@ database            key                                          value
 ``by_entity``       entity id + generation (8 BE) + event id     empty (parents-first index)
 ``states``          entity id                                    len (4 BE) + state bytes +
                                                                  values (msgpack)
+``parts``           entity id + backend + NUL + index (4 BE)     one part of a buffer stored
+                                                                 aside (see below)
 ``by_collection``   collection (UTF-8) + NUL + entity id         empty (``scan`` index)
 ``by_field``        ``encode_key(collection)`` +                 empty (``fetch`` index, see
                     ``encode_key(field)`` + value key + entity   :mod:`.lmdb_index`)
@@ -20,11 +22,21 @@ database            key                                          value
 
 Invariants:
 
+- **Large buffers stored as parts are stored aside** (layout 4): a state whose buffer is
+  given as its parts (:meth:`~mycelia.proto.State.to_stored`, a text's canonical base and
+  the updates logged since) of :data:`ASIDE_BYTES` or more keeps, in its ``states`` value,
+  the *number* of parts in the buffer's place, and each part under its own ``parts`` key;
+  the top bit of the length prefix (:data:`ASIDE`) says a value has such a buffer. A write
+  puts only the parts that changed (the writer, :mod:`.lmdb_writer`, knows what it put),
+  so a keystroke into a long text writes its update, not the text's base again. A reader
+  puts the parts back in place (:func:`stored_state`); one that is missing is
+  :class:`~mycelia.errors.StorageCorrupt`.
 - The format version is written once and checked on every open. Version 1 (no
   ``by_field``) is migrated by a writable open, in one write transaction that builds the
   field index from the stored states; a read-only open of version 1 is refused. Version 2
   reads as 3 does (3 only adds a form of text buffer, its parts): a writable open bumps
-  it, a read-only one reads it as it is.
+  it, a read-only one reads it as it is; so are 3 and 4 (4 adds ``parts``, which a
+  read-only open of 2 or 3 does without: nothing there is stored aside).
 - A process holds ``mycelia.lock`` (``flock``) while the store is open, so a second opener
   gets :class:`~mycelia.errors.StorageLocked` at once; the lock dies with the process. A
   read-only open takes it shared, and creates nothing: on a store directory that holds
@@ -52,7 +64,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import lmdb
 
@@ -66,6 +78,7 @@ from mycelia.errors import (
     StorageReadOnly,
 )
 from mycelia.proto import AdmittedEvent, EntityState, Event, EventId
+from mycelia.proto.codec import unpack
 from mycelia.retrieval import StoredState
 from mycelia.storage.engine import STORED_LIMITS, decode_values
 
@@ -73,15 +86,19 @@ if TYPE_CHECKING:
     Txn = lmdb.Transaction[bytes]
 
 __all__ = [
+    "ASIDE",
+    "ASIDE_BYTES",
     "FORMAT_VERSION",
     "NAMES",
     "Databases",
     "Gate",
     "admitted",
+    "aside_backends",
     "check_data_file",
     "last_feed_offset",
     "open_databases",
     "open_env",
+    "part_key",
     "stored",
     "stored_state",
     "stored_values",
@@ -91,16 +108,22 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION: Final = b"3"
+FORMAT_VERSION: Final = b"4"
 """The on-disk layout version (2 added ``by_field``; 3 lets a text state's buffer be stored
-as its parts, :meth:`~mycelia.proto.EntityState.to_stored`)."""
+as its parts, :meth:`~mycelia.proto.EntityState.to_stored`; 4 stores large ones aside, in
+``parts``)."""
 _MIGRATABLE: Final = b"1"
-_READABLE: Final = b"2"
-"""A version this one reads as it is (a writable open bumps it; a read-only one reads it)."""
+_READABLE: Final = (b"2", b"3")
+"""Versions this one reads as they are (a writable open bumps them; a read-only one reads
+them, without ``parts``)."""
 NAMES: Final = (
     b"events", b"by_entity", b"states", b"by_collection", b"by_field", b"feed", b"meta",
-    b"engine",
+    b"engine", b"parts",
 )  # fmt: skip
+ASIDE: Final = 1 << 31
+"""The bit of a ``states`` value's length prefix that says it has a buffer stored aside."""
+ASIDE_BYTES: Final = 4096
+"""The least size of a buffer's parts that a write stores aside, not in the value."""
 Databases = dict[bytes, "lmdb._Database"]
 
 
@@ -306,11 +329,13 @@ def open_databases(
                 f"{path} has layout version 1: open it writable once to migrate it to "
                 f"{FORMAT_VERSION.decode()}"
             )
-        if found not in (FORMAT_VERSION, _READABLE) and (
+        if found not in (FORMAT_VERSION, *_READABLE) and (
             readonly or found not in (None, _MIGRATABLE)
         ):
             raise StorageCorrupt(f"{path} has layout version {found!r}, not {FORMAT_VERSION!r}")
-        dbs = {name: env.open_db(name, create=not readonly) for name in NAMES}
+        older = readonly and found != FORMAT_VERSION  # (it has no ``parts``, nor needs one)
+        names = [name for name in NAMES if not (older and name == b"parts")]
+        dbs = {name: env.open_db(name, create=not readonly) for name in names}
         if found != FORMAT_VERSION and not readonly:
             with env.begin(write=True) as txn:
                 if found == _MIGRATABLE:
@@ -342,21 +367,66 @@ def admitted(event_id: bytes, value: bytes) -> AdmittedEvent:
     return AdmittedEvent(event, int.from_bytes(value[:8], "big"))
 
 
-def stored_state(value: bytes) -> EntityState:
-    """Decode the state of a ``states`` value (length-prefixed, then the values)."""
+def part_key(entity_id: bytes, backend: str, index: int) -> bytes:
+    """The ``parts`` key of part ``index`` of ``entity_id``'s ``backend`` buffer."""
+    return entity_id + backend.encode() + b"\0" + index.to_bytes(4, "big")
+
+
+def stored_state(value: bytes, txn: Txn, dbs: Databases) -> EntityState:
+    """Decode the state of a ``states`` value (length-prefixed, then the values), with the
+    parts of a buffer stored aside read back in place."""
+    prefix = int.from_bytes(value[:4])
     try:
-        return EntityState.from_bytes(
-            value[4 : 4 + int.from_bytes(value[:4])], limits=STORED_LIMITS, merge=stored_merge
-        )
+        raw = value[4 : 4 + (prefix & ~ASIDE)]
+        if not prefix & ASIDE:
+            return EntityState.from_bytes(raw, limits=STORED_LIMITS, merge=stored_merge)
+        obj = unpack(raw, limits=STORED_LIMITS, what="entity state")
+        _parts_in_place(obj, txn, dbs)
+        return EntityState.from_wire(obj, limits=STORED_LIMITS, merge=stored_merge)
     except DecodeError as exc:
         raise StorageCorrupt(f"a stored state is damaged: {exc}") from exc
 
 
+def _parts_in_place(obj: object, txn: Txn, dbs: Databases) -> None:
+    """Replace each buffer's count of parts stored aside by those parts (a stored state's
+    shape: ``[entity id, collection, [head, generations, [[backend, buffer], ...]]]``)."""
+    try:
+        entity_id: bytes = obj[0]  # type: ignore[index]
+        buffers: list[list[Any]] = obj[2][2]  # type: ignore[index]
+        aside = [item for item in buffers if type(item[1]) is int]
+    except (TypeError, ValueError, IndexError) as exc:
+        raise DecodeError(f"a state with parts stored aside has another shape: {exc}") from exc
+    db = dbs.get(b"parts")
+    for item in aside:
+        parts: list[bytes] = []
+        for index in range(item[1]):
+            part = None if db is None else txn.get(part_key(entity_id, item[0], index), db=db)
+            if part is None:
+                raise StorageCorrupt(
+                    f"part {index} of the {item[0]!r} buffer of a stored state is missing"
+                )
+            parts.append(part)
+        item[1] = parts
+
+
 def stored_values(value: bytes) -> dict[str, object]:
     """Decode the values of a ``states`` value."""
-    return decode_values(value[4 + int.from_bytes(value[:4]) :])
+    return decode_values(value[4 + (int.from_bytes(value[:4]) & ~ASIDE) :])
 
 
-def stored(value: bytes) -> StoredState:
+def aside_backends(value: bytes) -> list[str]:
+    """The backends whose buffer a ``states`` value has stored aside (none, nearly always:
+    read without decoding the state)."""
+    prefix = int.from_bytes(value[:4])
+    if not prefix & ASIDE:
+        return []
+    obj = unpack(value[4 : 4 + (prefix & ~ASIDE)], limits=STORED_LIMITS, what="entity state")
+    try:
+        return [item[0] for item in obj[2][2] if type(item[1]) is int]  # type: ignore[index]
+    except (TypeError, IndexError) as exc:
+        raise StorageCorrupt(f"a stored state is damaged: {exc}") from exc
+
+
+def stored(value: bytes, txn: Txn, dbs: Databases) -> StoredState:
     """Decode a ``states`` value whole."""
-    return StoredState(stored_state(value), stored_values(value))
+    return StoredState(stored_state(value, txn, dbs), stored_values(value))

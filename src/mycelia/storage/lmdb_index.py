@@ -134,7 +134,7 @@ def build_index(txn: Txn, dbs: Databases) -> None:
     """Fill ``by_field`` from every stored state (the layout 1 → 2 migration)."""
     by_field = dbs[b"by_field"]
     for entity_id, value in txn.cursor(db=dbs[b"states"]):
-        collection = stored_state(value).collection
+        collection = stored_state(value, txn, dbs).collection
         for key in entry_keys(collection, entity_id, stored_values(value)):
             txn.put(key, b"", db=by_field)
 
@@ -176,7 +176,7 @@ def fetch_in(
             continue
         values = stored_values(value)
         if matches(values):  # each row decoded whole as it is read: no copy of them all
-            kept[EntityId._trusted(entity_id)] = StoredState(stored_state(value), values)
+            kept[EntityId._trusted(entity_id)] = StoredState(stored_state(value, txn, dbs), values)
             if len(kept) == wanted:
                 break
     rows = [(entity_id, stored.values) for entity_id, stored in kept.items()]
@@ -207,7 +207,7 @@ def _walk_in_order(
             raise StorageCorrupt(f"the field index of {collection!r} names a missing state")
         values = stored_values(value)
         if evaluate(query.predicate, values):
-            found.append(StoredState(stored_state(value), values))
+            found.append(StoredState(stored_state(value, txn, dbs), values))
             if len(found) == limit:
                 break
     return found

@@ -16,6 +16,12 @@ Invariants:
   resize), before any caller is released, so readers can tell their snapshot is old.
 - **Indexes** (``by_collection``, ``by_field``) are written in the transaction that writes
   their state (see :mod:`.lmdb_index`).
+- **Parts stored aside** (see :mod:`.lmdb_format`) are written in the transaction of their
+  state, and only those that changed: the writer remembers the parts it committed last for
+  each buffer (:class:`_Committed`, at most :data:`REMEMBERED_BYTES` of them) and compares
+  the new ones with those (the same ``bytes`` object, nearly always: a text keeps its base
+  and log), or with what is stored when it does not remember. A failed transaction
+  remembers nothing of what it put.
 - **Map size** grows on demand: a transaction that hits ``MapFullError`` is aborted, the map
   is doubled while no read transaction is open (the :class:`Gate` taken exclusively) and
   the transaction is retried.
@@ -41,9 +47,19 @@ import lmdb
 
 from mycelia.errors import StorageError
 from mycelia.proto import EntityState, EventId
+from mycelia.proto.codec import pack
 from mycelia.retrieval import WriteBatch, WriteResult
 from mycelia.storage.engine import FeedSignal, encode_feed, encode_values
-from mycelia.storage.lmdb_format import Databases, Gate, stored_state, translate
+from mycelia.storage.lmdb_format import (
+    ASIDE,
+    ASIDE_BYTES,
+    Databases,
+    Gate,
+    aside_backends,
+    part_key,
+    stored_state,
+    translate,
+)
 from mycelia.storage.lmdb_index import entry_keys, reindex
 from mycelia.storage.staging import stale_load
 
@@ -64,6 +80,8 @@ log = logging.getLogger(__name__)
 
 MAX_GROUP: Final = 512
 """Most batches one group-commit transaction takes."""
+REMEMBERED_BYTES: Final = 64 * 1024 * 1024
+"""Most bytes of committed parts the writer remembers (the oldest are forgotten first)."""
 _STOP: Final = None
 
 
@@ -76,6 +94,7 @@ class EncodedState:
     collection: str
     feed: bytes  # the feed row
     index: frozenset[bytes]  # its ``by_field`` keys
+    aside: tuple[tuple[str, tuple[bytes, ...]], ...] = ()  # buffers stored aside: their parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,19 +142,36 @@ def encode_batch(batch: WriteBatch) -> Encoded:
         state = stored.state
         if not isinstance(state, EntityState):
             raise StorageError("a write batch holds something that is not a state")
-        raw = state.to_stored()
-        value = len(raw).to_bytes(4, "big") + raw + encode_values(stored.values)
+        raw, aside = _stored_aside(state)
+        prefix = len(raw) | (ASIDE if aside else 0)
+        value = prefix.to_bytes(4, "big") + raw + encode_values(stored.values)
         entity = bytes(state.entity_id)
         feed = encode_feed(state.entity_id, state.collection, state.state.head)
         index = entry_keys(state.collection, entity, stored.values)
-        states.append(EncodedState(entity, value, state.collection, feed, index))
+        states.append(EncodedState(entity, value, state.collection, feed, index, aside))
     meta = tuple((k.encode(), v) for k, v in batch.meta)
     return Encoded(events, tuple(states), meta, tuple(bytes(e) for e in batch.forget))
 
 
+def _stored_aside(state: EntityState) -> tuple[bytes, tuple[tuple[str, tuple[bytes, ...]], ...]]:
+    """The state's stored bytes, and the buffers in them stored aside (parts of
+    :data:`ASIDE_BYTES` or more: their count is in the bytes, in the buffer's place)."""
+    head, generations, buffers = state.state.to_stored()
+    aside = []
+    for item in cast("list[list[Any]]", buffers):
+        name, buffer = item
+        if type(buffer) is list and sum(len(part) for part in buffer) >= ASIDE_BYTES:
+            aside.append((name, tuple(buffer)))
+            item[1] = len(buffer)
+    return pack([state.entity_id, state.collection, [head, generations, buffers]]), tuple(aside)
+
+
 def pack_encoded(batch: Encoded) -> list[object]:
     """``batch`` as msgpack-ready lists (for a load's staging file)."""
-    states = [[s.key, s.value, s.collection, s.feed, sorted(s.index)] for s in batch.states]
+    states = [
+        [s.key, s.value, s.collection, s.feed, sorted(s.index), [list(a) for a in s.aside]]
+        for s in batch.states
+    ]
     return [
         [list(e) for e in batch.events],
         states,
@@ -150,10 +186,42 @@ def unpack_encoded(item: object) -> Encoded:
     events, states, meta, forget = cast("list[list[Any]]", item)
     return Encoded(
         tuple((EventId._trusted(i), k, v) for i, k, v in events),
-        tuple(EncodedState(k, v, c, f, frozenset(ix)) for k, v, c, f, ix in states),
+        tuple(
+            EncodedState(k, v, c, f, frozenset(ix), tuple((n, tuple(p)) for n, p in aside))
+            for k, v, c, f, ix, aside in states
+        ),
         tuple((k, v) for k, v in meta),
         tuple(forget),
     )
+
+
+class _Committed:
+    """The parts committed last for each buffer stored aside, as far as remembered: at most
+    :data:`REMEMBERED_BYTES` of them, the least recently written forgotten first."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple[bytes, str], tuple[bytes, ...]] = {}
+        self._bytes = 0
+
+    def get(self, key: tuple[bytes, str]) -> tuple[bytes, ...] | None:
+        return self._parts.get(key)
+
+    def update(self, committed: dict[tuple[bytes, str], tuple[bytes, ...]]) -> None:
+        """Remember ``committed`` (an empty tuple: a buffer no longer stored aside)."""
+        parts = self._parts
+        for key, new in committed.items():
+            old = parts.pop(key, ())
+            self._bytes -= sum(len(p) for p in old)
+            if new:
+                parts[key] = new
+                self._bytes += sum(len(p) for p in new)
+        while self._bytes > REMEMBERED_BYTES and parts:
+            oldest = next(iter(parts))
+            self._bytes -= sum(len(p) for p in parts.pop(oldest))
+
+    def forget(self, entity: bytes) -> None:
+        for key in [k for k in self._parts if k[0] == entity]:
+            self._bytes -= sum(len(p) for p in self._parts.pop(key))
 
 
 class Writer:
@@ -180,6 +248,9 @@ class Writer:
         """Committed write transactions (and map resizes) so far."""
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._committed = _Committed()
+        self._putting: dict[tuple[bytes, str], tuple[bytes, ...]] = {}
+        """Parts put by the transaction under way (remembered once it commits)."""
 
     def start(self) -> None:
         """Start the writer thread."""
@@ -254,6 +325,7 @@ class Writer:
         """Commit ``batches`` in one transaction, growing the map as needed."""
         while True:
             offset = self.last_offset
+            self._putting = {}
             try:
                 with self.env.begin(write=True) as txn:
                     results = []
@@ -266,6 +338,7 @@ class Writer:
             except lmdb.MapFullError:
                 self._grow()
                 continue
+            self._committed.update(self._putting)
             self.last_offset = offset
             self.commits += 1
             return results
@@ -289,6 +362,8 @@ class Writer:
                 txn, dbs[b"by_field"], collection=state.collection, entity_id=state.key,
                 previous=previous, keys=state.index,
             )  # fmt: skip
+            if state.aside or (previous is not None and previous[0] & 0x80):
+                self._put_aside(txn, state, previous)
             offset += 1
             txn.put(offset.to_bytes(8, "big"), state.feed, db=dbs[b"feed"], append=True)
             offsets.append(offset)
@@ -298,6 +373,33 @@ class Writer:
             else:
                 txn.put(name, content, db=dbs[b"meta"])
         return WriteResult(frozenset(new), tuple(offsets)), offset
+
+    def _put_aside(self, txn: Txn, state: EncodedState, previous: bytes | None) -> None:
+        """Put the parts of ``state``'s buffers stored aside that differ from those stored,
+        and delete the stored ones it no longer has."""
+        db = self.dbs[b"parts"]
+        entity, putting = state.key, self._putting
+        for name, parts in state.aside:
+            key = (entity, name)
+            stored = putting[key] if key in putting else self._committed.get(key)
+            if stored is None:
+                stored = tuple(_stored_parts(txn, db, entity, name))
+            for index, part in enumerate(parts):
+                if index >= len(stored) or not (stored[index] is part or stored[index] == part):
+                    txn.put(part_key(entity, name, index), part, db=db)
+            for index in range(len(parts), len(stored)):
+                txn.delete(part_key(entity, name, index), db=db)
+            putting[key] = parts
+        kept = {name for name, _ in state.aside}
+        for name in [] if previous is None else aside_backends(previous):
+            if name not in kept:
+                self._drop_parts(txn, entity, name)
+
+    def _drop_parts(self, txn: Txn, entity: bytes, name: str) -> None:
+        db = self.dbs[b"parts"]
+        for index in range(len(_stored_parts(txn, db, entity, name))):
+            txn.delete(part_key(entity, name, index), db=db)
+        self._putting[(entity, name)] = ()
 
     def _put_staged(self, txn: Txn, load: Staged, offset: int) -> tuple[WriteResult, int]:
         if load.if_offset is not None and offset != load.if_offset:
@@ -325,7 +427,9 @@ class Writer:
             txn.delete(key[-32:], db=dbs[b"events"])
         previous = txn.pop(entity, db=dbs[b"states"])
         if previous is not None:
-            collection = stored_state(previous).collection
+            collection = stored_state(previous, txn, dbs).collection
+            for name in aside_backends(previous):
+                self._drop_parts(txn, entity, name)
             txn.delete(collection.encode() + b"\0" + entity, db=dbs[b"by_collection"])
             reindex(
                 txn, dbs[b"by_field"], collection=collection, entity_id=entity,
@@ -340,6 +444,14 @@ class Writer:
             # through the environment's current map); the bump renews it anyway.
             self.env.set_mapsize(size)
             self.commits += 1
+
+
+def _stored_parts(txn: Txn, db: lmdb._Database, entity: bytes, name: str) -> list[bytes]:
+    """The parts stored for ``entity``'s ``name`` buffer, in order (index 0 up, contiguous)."""
+    parts: list[bytes] = []
+    while (part := txn.get(part_key(entity, name, len(parts)), db=db)) is not None:
+        parts.append(part)
+    return parts
 
 
 def _resolve(items: list[tuple[asyncio.Future[WriteResult], WriteResult | BaseException]]) -> None:
