@@ -394,6 +394,8 @@ def _parts_in_place(obj: object, txn: Txn, dbs: Databases) -> None:
         entity_id: bytes = obj[0]  # type: ignore[index]
         buffers: list[list[Any]] = obj[2][2]  # type: ignore[index]
         aside = [item for item in buffers if type(item[1]) is int]
+        if type(entity_id) is not bytes or any(type(item[0]) is not str for item in aside):
+            raise TypeError("an entity id or a backend name of another type")
     except (TypeError, ValueError, IndexError) as exc:
         raise DecodeError(f"a state with parts stored aside has another shape: {exc}") from exc
     db = dbs.get(b"parts")

@@ -219,10 +219,6 @@ class _Committed:
             oldest = next(iter(parts))
             self._bytes -= sum(len(p) for p in parts.pop(oldest))
 
-    def forget(self, entity: bytes) -> None:
-        for key in [k for k in self._parts if k[0] == entity]:
-            self._bytes -= sum(len(p) for p in self._parts.pop(key))
-
 
 class Writer:
     """The writer thread of one store (see the module docstring)."""
@@ -362,7 +358,7 @@ class Writer:
                 txn, dbs[b"by_field"], collection=state.collection, entity_id=state.key,
                 previous=previous, keys=state.index,
             )  # fmt: skip
-            if state.aside or (previous is not None and previous[0] & 0x80):
+            if state.aside or (previous is not None and int.from_bytes(previous[:4]) & ASIDE):
                 self._put_aside(txn, state, previous)
             offset += 1
             txn.put(offset.to_bytes(8, "big"), state.feed, db=dbs[b"feed"], append=True)
@@ -397,8 +393,16 @@ class Writer:
 
     def _drop_parts(self, txn: Txn, entity: bytes, name: str) -> None:
         db = self.dbs[b"parts"]
-        for index in range(len(_stored_parts(txn, db, entity, name))):
-            txn.delete(part_key(entity, name, index), db=db)
+        prefix = part_key(entity, name, 0)[:-4]
+        cursor = txn.cursor(db=db)
+        doomed = []
+        if cursor.set_range(prefix):
+            for key in cursor.iternext(keys=True, values=False):
+                if not key.startswith(prefix):
+                    break
+                doomed.append(key)
+        for key in doomed:
+            txn.delete(key, db=db)
         self._putting[(entity, name)] = ()
 
     def _put_staged(self, txn: Txn, load: Staged, offset: int) -> tuple[WriteResult, int]:
