@@ -393,15 +393,7 @@ class Writer:
 
     def _drop_parts(self, txn: Txn, entity: bytes, name: str) -> None:
         db = self.dbs[b"parts"]
-        prefix = part_key(entity, name, 0)[:-4]
-        cursor = txn.cursor(db=db)
-        doomed = []
-        if cursor.set_range(prefix):
-            for key in cursor.iternext(keys=True, values=False):
-                if not key.startswith(prefix):
-                    break
-                doomed.append(key)
-        for key in doomed:
+        for key in _keys_from(txn, db, part_key(entity, name, 0)[:-4]):
             txn.delete(key, db=db)
         self._putting[(entity, name)] = ()
 
@@ -419,14 +411,7 @@ class Writer:
     def _forget(self, txn: Txn, entity: bytes) -> None:
         """Drop an entity whole: its events, their index rows, its state and its indexes."""
         dbs = self.dbs
-        cursor = txn.cursor(db=dbs[b"by_entity"])
-        doomed = []
-        if cursor.set_range(entity):
-            for key in cursor.iternext(keys=True, values=False):
-                if not key.startswith(entity):
-                    break
-                doomed.append(key)
-        for key in doomed:
+        for key in _keys_from(txn, dbs[b"by_entity"], entity):
             txn.delete(key, db=dbs[b"by_entity"])
             txn.delete(key[-32:], db=dbs[b"events"])
         previous = txn.pop(entity, db=dbs[b"states"])
@@ -448,6 +433,18 @@ class Writer:
             # through the environment's current map); the bump renews it anyway.
             self.env.set_mapsize(size)
             self.commits += 1
+
+
+def _keys_from(txn: Txn, db: lmdb._Database, prefix: bytes) -> list[bytes]:
+    """Every key of ``db`` that starts with ``prefix``, ascending."""
+    cursor = txn.cursor(db=db)
+    keys = []
+    if cursor.set_range(prefix):
+        for key in cursor.iternext(keys=True, values=False):
+            if not key.startswith(prefix):
+                break
+            keys.append(key)
+    return keys
 
 
 def _stored_parts(txn: Txn, db: lmdb._Database, entity: bytes, name: str) -> list[bytes]:
