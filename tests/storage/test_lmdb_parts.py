@@ -193,3 +193,26 @@ async def test_a_write_retried_after_the_map_grew_keeps_every_part(tmp_path: Pat
         assert str((await fresh.context().get(Note, note)).body) == expected
     finally:
         await fresh.close()
+
+
+async def test_parts_the_writer_does_not_remember_are_compared_with_the_stored_ones(
+    node: Node, parts_put: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past REMEMBERED_BYTES (a large load, many long texts), the writer reads back what
+    is stored: still only the new update is put, and nothing is lost."""
+    monkeypatch.setattr(lmdb_writer, "REMEMBERED_BYTES", 1)
+    ctx = node.context()
+    async with ctx.transaction() as trx:
+        note = trx.create(Note, body=LONG).id
+    first = len(_stored_parts(node.storage, note))
+    parts_put.clear()
+    pending = []
+    for i in range(4):  # pipelined: they may share one transaction
+        trx = ctx.transaction(wait="local")
+        async with trx:
+            (await trx.edit(Note, note)).body.insert(i, "q")
+        pending.append(trx)
+    for trx in pending:
+        await trx.confirmed()
+    assert parts_put == [part_key(bytes(note), "text", first + i) for i in range(4)]
+    assert str((await ctx.get(Note, note)).body) == "qqqq" + LONG

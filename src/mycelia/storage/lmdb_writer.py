@@ -86,6 +86,15 @@ _STOP: Final = None
 
 
 @dataclass(frozen=True, slots=True)
+class Aside:
+    """A buffer stored aside: its backend, its parts and their bytes."""
+
+    name: str
+    parts: tuple[bytes, ...]
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class EncodedState:
     """One state as the writer puts it."""
 
@@ -94,7 +103,7 @@ class EncodedState:
     collection: str
     feed: bytes  # the feed row
     index: frozenset[bytes]  # its ``by_field`` keys
-    aside: tuple[tuple[str, tuple[bytes, ...]], ...] = ()  # buffers stored aside: their parts
+    aside: tuple[Aside, ...] = ()  # the buffers stored aside
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,15 +162,15 @@ def encode_batch(batch: WriteBatch) -> Encoded:
     return Encoded(events, tuple(states), meta, tuple(bytes(e) for e in batch.forget))
 
 
-def _stored_aside(state: EntityState) -> tuple[bytes, tuple[tuple[str, tuple[bytes, ...]], ...]]:
+def _stored_aside(state: EntityState) -> tuple[bytes, tuple[Aside, ...]]:
     """The state's stored bytes, and the buffers in them stored aside (parts of
     :data:`ASIDE_BYTES` or more: their count is in the bytes, in the buffer's place)."""
     head, generations, buffers = state.state.to_stored()
     aside = []
     for item in cast("list[list[Any]]", buffers):
         name, buffer = item
-        if type(buffer) is list and sum(len(part) for part in buffer) >= ASIDE_BYTES:
-            aside.append((name, tuple(buffer)))
+        if type(buffer) is list and (size := sum([len(p) for p in buffer])) >= ASIDE_BYTES:
+            aside.append(Aside(name, tuple(buffer), size))
             item[1] = len(buffer)
     return pack([state.entity_id, state.collection, [head, generations, buffers]]), tuple(aside)
 
@@ -169,7 +178,14 @@ def _stored_aside(state: EntityState) -> tuple[bytes, tuple[tuple[str, tuple[byt
 def pack_encoded(batch: Encoded) -> list[object]:
     """``batch`` as msgpack-ready lists (for a load's staging file)."""
     states = [
-        [s.key, s.value, s.collection, s.feed, sorted(s.index), [list(a) for a in s.aside]]
+        [
+            s.key,
+            s.value,
+            s.collection,
+            s.feed,
+            sorted(s.index),
+            [[a.name, list(a.parts), a.size] for a in s.aside],
+        ]
         for s in batch.states
     ]
     return [
@@ -187,7 +203,9 @@ def unpack_encoded(item: object) -> Encoded:
     return Encoded(
         tuple((EventId._trusted(i), k, v) for i, k, v in events),
         tuple(
-            EncodedState(k, v, c, f, frozenset(ix), tuple((n, tuple(p)) for n, p in aside))
+            EncodedState(
+                k, v, c, f, frozenset(ix), tuple(Aside(n, tuple(p), z) for n, p, z in aside)
+            )
             for k, v, c, f, ix, aside in states
         ),
         tuple((k, v) for k, v in meta),
@@ -200,24 +218,25 @@ class _Committed:
     :data:`REMEMBERED_BYTES` of them, the least recently written forgotten first."""
 
     def __init__(self) -> None:
-        self._parts: dict[tuple[bytes, str], tuple[bytes, ...]] = {}
+        self._parts: dict[tuple[bytes, str], Aside] = {}
         self._bytes = 0
 
-    def get(self, key: tuple[bytes, str]) -> tuple[bytes, ...] | None:
+    def get(self, key: tuple[bytes, str]) -> Aside | None:
         return self._parts.get(key)
 
-    def update(self, committed: dict[tuple[bytes, str], tuple[bytes, ...]]) -> None:
-        """Remember ``committed`` (an empty tuple: a buffer no longer stored aside)."""
+    def update(self, committed: dict[tuple[bytes, str], Aside | None]) -> None:
+        """Remember ``committed`` (no parts: a buffer no longer stored aside; None: parts
+        a transaction put without remembering them)."""
         parts = self._parts
         for key, new in committed.items():
-            old = parts.pop(key, ())
-            self._bytes -= sum(len(p) for p in old)
-            if new:
+            old = parts.pop(key, None)
+            if old is not None:
+                self._bytes -= old.size
+            if new is not None and new.parts:
                 parts[key] = new
-                self._bytes += sum(len(p) for p in new)
+                self._bytes += new.size
         while self._bytes > REMEMBERED_BYTES and parts:
-            oldest = next(iter(parts))
-            self._bytes -= sum(len(p) for p in parts.pop(oldest))
+            self._bytes -= parts.pop(next(iter(parts))).size
 
 
 class Writer:
@@ -245,8 +264,11 @@ class Writer:
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._committed = _Committed()
-        self._putting: dict[tuple[bytes, str], tuple[bytes, ...]] = {}
-        """Parts put by the transaction under way (remembered once it commits)."""
+        self._putting: dict[tuple[bytes, str], Aside | None] = {}
+        """Parts put by the transaction under way (remembered once it commits), at most
+        :data:`REMEMBERED_BYTES` of them: past that (a large load), None, and what is
+        stored is read back from the transaction when needed."""
+        self._putting_bytes = 0
 
     def start(self) -> None:
         """Start the writer thread."""
@@ -321,7 +343,7 @@ class Writer:
         """Commit ``batches`` in one transaction, growing the map as needed."""
         while True:
             offset = self.last_offset
-            self._putting = {}
+            self._putting, self._putting_bytes = {}, 0
             try:
                 with self.env.begin(write=True) as txn:
                     results = []
@@ -375,18 +397,22 @@ class Writer:
         and delete the stored ones it no longer has."""
         db = self.dbs[b"parts"]
         entity, putting = state.key, self._putting
-        for name, parts in state.aside:
-            key = (entity, name)
-            stored = putting[key] if key in putting else self._committed.get(key)
-            if stored is None:
+        for aside in state.aside:
+            name, parts, key = aside.name, aside.parts, (entity, aside.name)
+            known = putting[key] if key in putting else self._committed.get(key)
+            if known is not None:
+                stored = known.parts
+                self._putting_bytes -= known.size if key in putting else 0
+            else:  # not remembered: what the transaction holds
                 stored = tuple(_stored_parts(txn, db, entity, name))
             for index, part in enumerate(parts):
                 if index >= len(stored) or not (stored[index] is part or stored[index] == part):
                     txn.put(part_key(entity, name, index), part, db=db)
             for index in range(len(parts), len(stored)):
                 txn.delete(part_key(entity, name, index), db=db)
-            putting[key] = parts
-        kept = {name for name, _ in state.aside}
+            self._putting_bytes += aside.size
+            putting[key] = aside if self._putting_bytes <= REMEMBERED_BYTES else None
+        kept = {aside.name for aside in state.aside}
         for name in [] if previous is None else aside_backends(previous):
             if name not in kept:
                 self._drop_parts(txn, entity, name)
@@ -395,7 +421,7 @@ class Writer:
         db = self.dbs[b"parts"]
         for key in _keys_from(txn, db, part_key(entity, name, 0)[:-4]):
             txn.delete(key, db=db)
-        self._putting[(entity, name)] = ()
+        self._putting[(entity, name)] = Aside(name, (), 0)
 
     def _put_staged(self, txn: Txn, load: Staged, offset: int) -> tuple[WriteResult, int]:
         if load.if_offset is not None and offset != load.if_offset:
