@@ -33,10 +33,10 @@ Invariants:
   :class:`~mycelia.errors.StorageCorrupt`.
 - The format version is written once and checked on every open. Version 1 (no
   ``by_field``) is migrated by a writable open, in one write transaction that builds the
-  field index from the stored states; a read-only open of version 1 is refused. Version 2
-  reads as 3 does (3 only adds a form of text buffer, its parts): a writable open bumps
-  it, a read-only one reads it as it is; so are 3 and 4 (4 adds ``parts``, which a
-  read-only open of 2 or 3 does without: nothing there is stored aside).
+  field index from the stored states; a read-only open of version 1 is refused. Versions
+  2 and 3 read as 4 does (3 added a form of text buffer, its parts; 4 added ``parts``,
+  which a read-only open of 2 or 3 goes without: nothing there is stored aside): a
+  writable open bumps them, a read-only one reads them as they are.
 - A process holds ``mycelia.lock`` (``flock``) while the store is open, so a second opener
   gets :class:`~mycelia.errors.StorageLocked` at once; the lock dies with the process. A
   read-only open takes it shared, and creates nothing: on a store directory that holds
@@ -422,10 +422,10 @@ def aside_backends(value: bytes) -> list[str]:
     prefix = int.from_bytes(value[:4])
     if not prefix & ASIDE:
         return []
-    obj = unpack(value[4 : 4 + (prefix & ~ASIDE)], limits=STORED_LIMITS, what="entity state")
     try:
+        obj = unpack(value[4 : 4 + (prefix & ~ASIDE)], limits=STORED_LIMITS, what="entity state")
         return [item[0] for item in obj[2][2] if type(item[1]) is int]  # type: ignore[index]
-    except (TypeError, IndexError) as exc:
+    except (DecodeError, TypeError, IndexError) as exc:
         raise StorageCorrupt(f"a stored state is damaged: {exc}") from exc
 
 
