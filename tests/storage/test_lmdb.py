@@ -111,7 +111,7 @@ async def test_another_layout_version_is_refused(tmp_path: Path) -> None:
     with env.begin(write=True) as txn:
         txn.put(b"format", b"999", db=env.open_db(b"engine", txn=txn))
     env.close()
-    with pytest.raises(StorageCorrupt, match="layout version"):
+    with pytest.raises(StorageCorrupt, match="layout version 999, newer than this Mycelia's"):
         LmdbStorage(tmp_path / "s")
 
 

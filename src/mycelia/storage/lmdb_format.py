@@ -332,6 +332,11 @@ def open_databases(
         if found not in (FORMAT_VERSION, *_READABLE) and (
             readonly or found not in (None, _MIGRATABLE)
         ):
+            if found is not None and found.isdigit() and int(found) > int(FORMAT_VERSION):
+                raise StorageCorrupt(
+                    f"{path} has layout version {found.decode()}, newer than this Mycelia's "
+                    f"{FORMAT_VERSION.decode()}: open it with the version that wrote it, or newer"
+                )
             raise StorageCorrupt(f"{path} has layout version {found!r}, not {FORMAT_VERSION!r}")
         older = readonly and found != FORMAT_VERSION  # (it has no ``parts``, nor needs one)
         names = [name for name in NAMES if not (older and name == b"parts")]
