@@ -6,7 +6,8 @@ SIGKILL after a random (seeded) number of acknowledgements — the child is mid-
 then, with several committers in flight — and after every kill checks that:
 
 - the store opens without any repair step (a durable ``Node.open`` on it just works);
-- every acknowledged commit is there (each entity holds at least the last acked value);
+- every acknowledged commit is there (each entity holds at least the last acked value,
+  each typed page at least the last acked length: its text is read back from its parts);
 - no state references a missing event, and no stored event a missing parent.
 """
 
@@ -27,14 +28,19 @@ from mycelia.storage import StorageEngine
 from mycelia.storage.engine import EntityRecord
 from mycelia.storage.lmdb import LmdbStorage
 from tests.storage.conftest import PostgresSchemas
-from tests.storage.crash_child import Counter
+from tests.storage.crash_child import PAGE, Counter, Page
 
 pytestmark = pytest.mark.crash
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def run_until_killed(argv: list[str], acks_before_kill: int) -> dict[EntityId, int]:
+Acked = dict[tuple[str, EntityId], int]
+"""The last acknowledged value of each entity, by kind: ``"n"`` a Counter's ``n``, ``"T"``
+a Page's text length."""
+
+
+async def run_until_killed(argv: list[str], acks_before_kill: int) -> Acked:
     """Start the child, SIGKILL it after ``acks_before_kill`` acks; every ack it printed."""
     with tempfile.TemporaryFile() as errors:
         child = await asyncio.create_subprocess_exec(
@@ -56,11 +62,11 @@ async def run_until_killed(argv: list[str], acks_before_kill: int) -> dict[Entit
             await child.wait()
         # Lines already in the pipe were printed after their commit returned: acked too.
         lines += (await child.stdout.read()).split(b"\n")[:-1]
-    acked: dict[EntityId, int] = {}
+    acked: Acked = {}
     for line in lines:
-        text, n = line.decode().split()
-        entity = EntityId.from_base64(text)
-        acked[entity] = max(acked.get(entity, 0), int(n))
+        *kind, text, n = line.decode().split()
+        key = (kind[0] if kind else "n", EntityId.from_base64(text))
+        acked[key] = max(acked.get(key, 0), int(n))
     return acked
 
 
@@ -83,12 +89,16 @@ async def assert_consistent(storage: StorageEngine) -> int:
 
 
 async def check_after_crash(
-    open_storage: Callable[[], Awaitable[StorageEngine]], acked: dict[EntityId, int]
+    open_storage: Callable[[], Awaitable[StorageEngine]], acked: Acked
 ) -> None:
     node = await Node.open(await open_storage(), durable=True)
     try:
         ctx = node.context()
-        for entity_id, n in acked.items():
+        for (kind, entity_id), n in acked.items():
+            if kind == "T":
+                length = len(str((await ctx.get(Page, entity_id)).body))
+                assert length >= n, f"acknowledged keystroke {n} of {entity_id} lost ({length})"
+                continue
             view = await ctx.get(Counter, entity_id)
             assert view.n >= n, f"acknowledged commit n={n} of {entity_id} lost (has {view.n})"
         await assert_consistent(node.storage)
@@ -98,14 +108,14 @@ async def check_after_crash(
 
 async def crash_loop(
     argv: list[str], open_storage: Callable[[], Awaitable[StorageEngine]], *, kills: int, seed: int
-) -> int:
+) -> Acked:
     rng = random.Random(seed)
-    acked: dict[EntityId, int] = {}
+    acked: Acked = {}
     for _ in range(kills):
-        for entity, n in (await run_until_killed(argv, rng.randint(1, 80))).items():
-            acked[entity] = max(acked.get(entity, 0), n)
+        for key, n in (await run_until_killed(argv, rng.randint(1, 80))).items():
+            acked[key] = max(acked.get(key, 0), n)
         await check_after_crash(open_storage, acked)
-    return len(acked)
+    return acked
 
 
 async def test_lmdb_keeps_every_acknowledged_commit_across_50_kills(tmp_path: Path) -> None:
@@ -114,8 +124,9 @@ async def test_lmdb_keeps_every_acknowledged_commit_across_50_kills(tmp_path: Pa
     async def open_storage() -> StorageEngine:
         return LmdbStorage(path)
 
-    entities = await crash_loop(["lmdb", str(path)], open_storage, kills=50, seed=5)
-    assert entities > 50
+    acked = await crash_loop(["lmdb", str(path)], open_storage, kills=50, seed=5)
+    assert len(acked) > 50
+    assert any(kind == "T" and n > len(PAGE) for (kind, _), n in acked.items()), "none typed"
 
 
 @pytest.mark.postgres
@@ -129,7 +140,6 @@ async def test_postgres_keeps_every_acknowledged_commit_across_kills(
     async def open_storage() -> StorageEngine:
         return await PostgresStorage(pg_schemas.dsn, schema=schema).open()
 
-    entities = await crash_loop(
-        ["postgres", pg_schemas.dsn, schema], open_storage, kills=20, seed=7
-    )
-    assert entities > 20
+    acked = await crash_loop(["postgres", pg_schemas.dsn, schema], open_storage, kills=20, seed=7)
+    assert len(acked) > 20
+    assert any(kind == "T" and n > len(PAGE) for (kind, _), n in acked.items()), "none typed"
