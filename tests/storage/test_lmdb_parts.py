@@ -176,17 +176,30 @@ async def test_a_missing_part_is_reported_corrupt(node: Node, tmp_path: Path) ->
         await storage.close()
 
 
-async def test_a_write_retried_after_the_map_grew_keeps_every_part(tmp_path: Path) -> None:
+async def test_a_write_retried_after_the_map_grew_keeps_every_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A transaction aborted by a full map and retried remembers only what it committed."""
+    grown: list[int] = []
+    grow = lmdb_writer.Writer._grow
+
+    def counted(self: lmdb_writer.Writer) -> None:
+        grown.append(1)
+        grow(self)
+
+    monkeypatch.setattr(lmdb_writer.Writer, "_grow", counted)
     node = await Node.open(LmdbStorage(tmp_path / "s", map_size=256 * 1024), durable=True)
     await node.create_system()
     ctx = node.context()
     async with ctx.transaction() as trx:
         note = trx.create(Note, body="").id
-    for i in range(12):  # each base outgrows the map once or twice
+    pieces = [LONG[: ASIDE_BYTES * (i + 1)] for i in range(12)]
+    for piece in pieces:
         async with ctx.transaction() as trx:
-            (await trx.edit(Note, note)).body.insert(0, LONG[: ASIDE_BYTES * (i + 1)])
-    expected = str((await ctx.get(Note, note)).body)
+            (await trx.edit(Note, note)).body.insert(0, piece)
+    assert grown, "the map never filled: the retry was not exercised"
+    expected = "".join(reversed(pieces))
+    assert str((await ctx.get(Note, note)).body) == expected
     await node.close()
     fresh = await Node.open(LmdbStorage(tmp_path / "s"), durable=True)
     try:
