@@ -3,6 +3,7 @@ what they refuse."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import tracemalloc
 
@@ -22,6 +23,7 @@ from mycelia.proto.peering import (
     RESPONSES,
     Ack,
     Delta,
+    DeltasPage,
     DeltasResponse,
     ErrorResponse,
     EventsResponse,
@@ -59,6 +61,70 @@ def test_gets_with_known_heads_and_deltas_with_a_base_round_trip(
         ),
     )
     assert decode_frame(encode_frame(deltas)) == deltas
+
+
+_STATES = st.builds(
+    lambda head, buffers: State.of(head=head, buffers=buffers),
+    st.dictionaries(event_ids(), st.integers(1, 2**40), max_size=3),
+    st.dictionaries(st.sampled_from(["lww", "text"]), st.binary(max_size=20), max_size=2),
+)
+_DELTAS = st.lists(
+    st.builds(
+        lambda entity, matches, state, stored, events, base: Delta(
+            entity,
+            "c",
+            matches,
+            None
+            if state is None
+            else EntityState.from_bytes(EntityState(entity, "c", state).to_bytes(), keep=stored),
+            events,
+            None if state is None else base,
+        ),
+        entity_ids(),
+        st.booleans(),
+        st.none() | _STATES,
+        st.booleans(),
+        st.sampled_from([(), golden_events()[:1]]),
+        st.none() | st.lists(event_ids(), max_size=2).map(tuple),
+    ),
+    max_size=20,
+)
+
+
+@given(_DELTAS, st.integers(0, 2**40))
+def test_a_page_splices_the_stored_states_into_the_very_bytes_the_generic_encoder_makes(
+    deltas: list[Delta], request_id: int
+) -> None:
+    for kind in (DeltasResponse, DeltasPage):
+        page = kind(request_id, tuple(deltas))
+        frame = encode_frame(page)
+        assert frame == pack([kind.TAG, *page.to_wire()])
+        assert decode_frame(frame) == page
+
+
+def test_a_page_of_stored_states_does_not_encode_them_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stored = EntityState.from_bytes(STATE.to_bytes(), keep=True)
+    assert stored.wire == STATE.to_bytes()
+    assert stored.wire_size() == len(stored.wire)
+    page = DeltasPage(1, tuple(Delta(ENTITY, "c", True, stored, ()) for _ in range(70_000)))
+    expected = pack([DeltasPage.TAG, *page.to_wire()])  # (an array 32 of deltas)
+
+    def refuse(self: State) -> list[object]:
+        raise AssertionError("a stored state was encoded again")
+
+    monkeypatch.setattr(State, "to_wire", refuse)
+    assert encode_frame(page) == expected
+
+
+def test_a_copy_of_a_stored_state_does_not_keep_its_bytes() -> None:
+    stored = EntityState.from_bytes(STATE.to_bytes(), keep=True)
+    other = State.of(head={EventId(b"\x05" * 32): 4}, buffers={})
+    copy = dataclasses.replace(stored, state=other)
+    assert copy.wire is None
+    assert copy.to_bytes() == EntityState(ENTITY, "c", other).to_bytes()
+    assert EntityState.from_bytes(STATE.to_bytes()).wire is None  # kept only when asked
 
 
 def _frame_with(delta_fields: list[object]) -> bytes:

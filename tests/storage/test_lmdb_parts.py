@@ -14,6 +14,8 @@ from mycelia import EntityId, Model, Node, Text
 from mycelia.entity.backends.text import COMPACT_MIN
 from mycelia.errors import StorageCorrupt
 from mycelia.proto import EntityState
+from mycelia.proto.codec import pack
+from mycelia.proto.query import parse
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import lmdb_writer
 from mycelia.storage.lmdb import LmdbStorage
@@ -229,3 +231,31 @@ async def test_parts_the_writer_does_not_remember_are_compared_with_the_stored_o
         await trx.confirmed()
     assert parts_put == [part_key(bytes(note), "text", first + i) for i in range(4)]
     assert str((await ctx.get(Note, note)).body) == "qqqq" + LONG
+
+
+class Tag(Model, collection="tags"):
+    name: str
+
+
+async def test_a_stored_state_keeps_its_bytes_to_be_served_unless_its_parts_are_merged(
+    node: Node,
+) -> None:
+    """An answer's pages splice a stored state's bytes in as they are (``EntityState.wire``,
+    ``proto/delta.encode_deltas``): they must be exactly what encoding the state gives."""
+    ctx = node.context()
+    async with ctx.transaction() as trx:
+        tag = trx.create(Tag, name="jazz").id
+        short = trx.create(Note, body="short").id
+        long = trx.create(Note, body=LONG).id
+    async with ctx.transaction() as trx:  # a logged update: its buffer is parts, in place
+        (await trx.edit(Note, short)).body.insert(0, "a ")
+    storage = node.storage
+    assert isinstance(storage, LmdbStorage)
+    rows = await storage.fetch("tags", parse("name = 'jazz'"))
+    states = [row.state for row in rows] + [await _state(storage, e) for e in (tag, short, long)]
+    for state in states:
+        if state.entity_id == tag:
+            assert state.wire is not None
+        if state.wire is not None:
+            assert state.wire == pack(state.to_wire())
+    assert (await _state(storage, long)).wire is None, "parts read back aside: merged"

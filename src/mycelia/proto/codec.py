@@ -32,6 +32,7 @@ from mycelia.proto.limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
     "NAME_PATTERN",
+    "array_header",
     "canonical_value",
     "expect_bytes",
     "expect_int",
@@ -67,6 +68,16 @@ def pack(value: object) -> bytes:
         return _packer_default.pack(value)  # type: ignore[no-any-return]
     except (TypeError, ValueError, OverflowError) as exc:
         raise DecodeError(f"value cannot be encoded: {exc}") from exc
+
+
+def array_header(length: int) -> bytes:
+    """The msgpack header of an array of ``length`` items (what :func:`pack` writes before
+    them), for an encoder that joins items it encoded apart."""
+    if length < 16:
+        return bytes((0x90 | length,))
+    if length < 0x10000:
+        return b"\xdc" + length.to_bytes(2, "big")
+    return b"\xdd" + length.to_bytes(4, "big")
 
 
 def _refuse_ext(code: int, data: bytes) -> object:

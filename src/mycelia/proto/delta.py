@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Final
 
 from mycelia.errors import DecodeError
-from mycelia.proto.codec import expect_list, valid_names
+from mycelia.proto.codec import array_header, expect_list, pack, valid_names
 from mycelia.proto.event import Event
 from mycelia.proto.ids import ID_LENGTH, EntityId, EventId, shared_entity_id
 from mycelia.proto.limits import Limits
@@ -31,7 +31,7 @@ from mycelia.proto.schema import (
 )
 from mycelia.proto.state import EntityState, plain_entity_state
 
-__all__ = ["DELTAS", "Delta"]
+__all__ = ["DELTAS", "Delta", "encode_deltas"]
 
 
 @record
@@ -113,3 +113,20 @@ def _plain_delta(obj: object, names: set[str], limits: Limits) -> Delta | None:
 
 
 DELTAS: Final = _Deltas()
+
+
+def encode_deltas(deltas: tuple[Delta, ...]) -> bytes:
+    """``pack(DELTAS.encode(deltas))``, with each state that knows its bytes
+    (``EntityState.wire``: a durable engine's, as stored) spliced in as they are: a fresh
+    client's answer is a thousand stored states, which the responder decoded only to read
+    their heads. (msgpack is concatenative: an array is its header, then its items.)"""
+    out = [array_header(len(deltas))]
+    for delta in deltas:
+        state = delta.state
+        wire = None if state is None else state.wire
+        if wire is None or delta.events or delta.base is not None:
+            out.append(pack(delta.to_wire()))
+            continue
+        head = pack([delta.entity_id, delta.collection, delta.matches])
+        out.append(b"\x96" + head[1:] + wire + b"\x90\xc0")  # 6 items: ..., [], None
+    return b"".join(out)

@@ -66,6 +66,11 @@ class Message(Record):
     __slots__ = ()
     TAG: ClassVar[int]
 
+    def to_frame(self) -> bytes:
+        """The bytes of one frame carrying this message (a message class whose fields
+        hold bytes already encoded may splice them in: the same bytes, encoded once)."""
+        return pack([self.TAG, *self.to_wire()])
+
 
 _REGISTRY: dict[int, type[Message]] = {}
 
@@ -101,7 +106,7 @@ def message_type(tag: int | None) -> type[Message] | None:
 
 def encode_frame(msg: Message) -> bytes:
     """The bytes of one frame carrying ``msg``."""
-    return pack([msg.TAG, *msg.to_wire()])
+    return msg.to_frame()
 
 
 def peek(frame: bytes) -> tuple[int | None, int | None]:

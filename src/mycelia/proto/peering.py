@@ -32,7 +32,8 @@ from types import MappingProxyType
 from typing import Final, TypeVar
 
 from mycelia.errors import DecodeError, RemoteProtocolError, code_of, error_class
-from mycelia.proto.delta import DELTAS, Delta
+from mycelia.proto.codec import array_header, pack
+from mycelia.proto.delta import DELTAS, Delta, encode_deltas
 from mycelia.proto.event import Event
 from mycelia.proto.ids import EntityId, EventId, NodeId
 from mycelia.proto.messages import Message, message
@@ -316,6 +317,10 @@ class DeltasResponse(Message):
     request_id: int = wire(REQUEST_ID)
     deltas: tuple[Delta, ...] = wire(DELTAS)
 
+    def to_frame(self) -> bytes:
+        """The frame, with the stored states spliced in (:func:`encode_deltas`)."""
+        return _deltas_frame(self.TAG, self.request_id, self.deltas)
+
 
 @message(25)
 class DeltasPage(Message):
@@ -324,6 +329,10 @@ class DeltasPage(Message):
 
     request_id: int = wire(REQUEST_ID)
     deltas: tuple[Delta, ...] = wire(DELTAS)
+
+    def to_frame(self) -> bytes:
+        """The frame, with the stored states spliced in (:func:`encode_deltas`)."""
+        return _deltas_frame(self.TAG, self.request_id, self.deltas)
 
 
 @message(26)
@@ -425,3 +434,8 @@ def expect_response(response: Message, expected: type[R]) -> R:
             f"expected {expected.__name__}, the peer answered {type(response).__name__}"
         )
     return response
+
+
+def _deltas_frame(tag: int, request_id: int, deltas: tuple[Delta, ...]) -> bytes:
+    """``pack([tag, request_id, DELTAS.encode(deltas)])``, deltas by :func:`encode_deltas`."""
+    return array_header(3) + pack(tag) + pack(request_id) + encode_deltas(deltas)

@@ -14,7 +14,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
 from mycelia.errors import DecodeError, InvalidArgument
@@ -342,11 +342,18 @@ def _stored_parts(name: str, raw: list[object], merge: Merge) -> Deferred:
 
 @dataclass(frozen=True, slots=True)
 class EntityState:
-    """A :class:`State` with the entity it belongs to."""
+    """A :class:`State` with the entity it belongs to.
+
+    ``wire``, when known, is :meth:`to_bytes` as a durable engine stored it (see
+    :meth:`from_bytes`): a responder puts those bytes in its pages as they are, encoding
+    nothing again (:func:`mycelia.proto.delta.encode_deltas`). It is no constructor
+    argument, so no copy of a state (``dataclasses.replace``) carries another's bytes.
+    """
 
     entity_id: EntityId
     collection: str
     state: State
+    wire: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
     def to_wire(self) -> list[object]:
         """The positional form used inside messages."""
@@ -369,7 +376,8 @@ class EntityState:
 
     def to_bytes(self) -> bytes:
         """Canonical bytes of this state."""
-        return pack(self.to_wire())
+        wire = self.wire
+        return pack(self.to_wire()) if wire is None else wire
 
     def to_stored(self) -> bytes:
         """The bytes a durable engine stores (:meth:`State.to_stored`: a buffer not
@@ -382,6 +390,8 @@ class EntityState:
         most 5 bytes of header to a string, binary or array, 9 to an integer). With
         ``estimate``, buffers not computed yet count their estimate (see
         :class:`Deferred`): close, but no bound."""
+        if self.wire is not None:
+            return len(self.wire)
         state = self.state
         names = sum([15 + len(name) for name in state.backend_names()])
         return (
@@ -394,11 +404,22 @@ class EntityState:
 
     @classmethod
     def from_bytes(
-        cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS, merge: Merge | None = None
+        cls,
+        data: bytes,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        merge: Merge | None = None,
+        keep: bool = False,
     ) -> EntityState:
-        """Decode :meth:`to_bytes` (and :meth:`to_stored` given ``merge``)."""
+        """Decode :meth:`to_bytes` (and :meth:`to_stored` given ``merge``). With ``keep``,
+        a state with every buffer in bytes keeps ``data`` as its :attr:`wire`: pass it only
+        for bytes this process encoded canonically (a durable engine's own), which are then
+        exactly :meth:`to_bytes`."""
         obj = unpack(data, limits=limits, what="entity state")
-        return cls.from_wire(obj, limits=limits, merge=merge)
+        decoded = cls.from_wire(obj, limits=limits, merge=merge)
+        if keep and decoded.state._parts is None:  # (no buffer given as parts)
+            object.__setattr__(decoded, "wire", data)
+        return decoded
 
 
 @dataclass(frozen=True, slots=True)

@@ -379,12 +379,14 @@ def part_key(entity_id: bytes, backend: str, index: int) -> bytes:
 
 def stored_state(value: bytes, txn: Txn, dbs: Databases) -> EntityState:
     """Decode the state of a ``states`` value (length-prefixed, then the values), with the
-    parts of a buffer stored aside read back in place."""
+    parts of a buffer stored aside read back in place. A state with no parts keeps its
+    stored bytes (``EntityState.wire``: the writer encoded them canonically), which an
+    answer's pages carry as they are."""
     prefix = int.from_bytes(value[:4])
     try:
         raw = value[4 : 4 + (prefix & ~ASIDE)]
         if not prefix & ASIDE:
-            return EntityState.from_bytes(raw, limits=STORED_LIMITS, merge=stored_merge)
+            return EntityState.from_bytes(raw, limits=STORED_LIMITS, merge=stored_merge, keep=True)
         obj = unpack(raw, limits=STORED_LIMITS, what="entity state")
         _parts_in_place(obj, txn, dbs)
         return EntityState.from_wire(obj, limits=STORED_LIMITS, merge=stored_merge)
