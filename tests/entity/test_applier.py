@@ -510,8 +510,9 @@ async def test_an_event_above_the_head_is_placed_without_a_walk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On a node that is no durable store (here a cache), an event whose parents are all
-    tips, or whose generation no tip exceeds, moves the head in O(its parents); an older
-    one still takes the walk. Each gets the walk's answer."""
+    tips, or whose generation no tip exceeds, or (on a cache) that is above every snapshot
+    it merged, moves the head in O(their parents). Each gets the walk's answer; below a
+    snapshot, the walk decides (the two tests after this one)."""
     walks: list[Clock] = []
 
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -526,19 +527,60 @@ async def test_an_event_above_the_head_is_placed_without_a_walk(
     await applier.ingest([x])
     await applier.ingest([y])  # names the head
     await applier.ingest([z])  # names x, which y replaced, but no tip is younger
+    await applier.ingest([late])  # older than the tips, but this cache merged no snapshot
     assert walks == []
-    await applier.ingest([late])
-    assert walks == [Clock([late.id])]
+    entity = await applier.load(note)
+    assert entity is not None
+    assert entity.head == Clock([y.id, z.id, late.id])
     merge = _update(note, Clock([y.id, z.id, late.id]), title="m")
     await applier.ingest([merge])  # names every tip
     assert (await applier.ingest([merge])).changes == []  # already stored: a no-op
-    assert len(walks) == 1
+    assert walks == []
     entity = await applier.load(note)
     assert entity is not None
     assert entity.head == Clock([merge.id])
     values = entity.snapshot().values
     assert values["title"] == "m"
     assert values["rank"] == (1 if y.id > z.id else 2)  # the later generation beats late's
+
+
+async def test_a_cache_places_a_concurrent_event_above_its_snapshot_without_a_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A concurrent writer's event older than the head's tips but above the snapshot a
+    cache took cannot be in the head's history (that history is what the cache holds and
+    what lies below the snapshot): it is placed in O(its parents), with the walk's answer.
+    One below the snapshot is still walked (the peer's history decides)."""
+    walks: list[Clock] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        walks.append(args[1])
+        return missing(*args, **kwargs)
+
+    monkeypatch.setattr(placement_module, "missing", counted)
+    a = await _server()
+    note = await _note(a, title="g")
+    await _edit(a, note, rank=1)
+    history = await a.storage.events_of(note)  # G, R
+    applier, _ = await _applier(a, remote=history)
+    await applier.ingest([history[0].event])  # G, stored here
+    _, held, _ = await _holding(applier, a, note)  # then the snapshot at [R]: R's not stored
+    x = _update(note, held.head, title="x")
+    y = _update(note, Clock([x.id]), title="y")
+    c = _update(note, held.head, rank=5)  # concurrent with x, below y's generation
+    for event in (x, y, c):
+        assert (await applier.ingest([event])).errors == {}
+    assert walks == []
+    entity = await applier.load(note)
+    assert entity is not None
+    assert entity.head == Clock([y.id, c.id])
+    assert (entity.snapshot().values["title"], entity.snapshot().values["rank"]) == ("y", 5)
+    below = _update(note, Clock([history[0].id]), rank=7)  # on G: as old as the snapshot
+    assert (await applier.ingest([below])).errors == {}
+    assert walks == [Clock([below.id])]
+    entity = await applier.load(note)
+    assert entity is not None
+    assert entity.head == Clock([y.id, c.id, below.id])
 
 
 async def test_a_cache_admits_an_event_naming_a_snapshot_tip_its_head_left() -> None:

@@ -19,7 +19,8 @@ Invariants:
 - ``boundary`` holds the tips of the snapshots a cache merged (id → generation, the last
   :data:`BOUNDARY` of them): events in the history that the cache may never store. An
   event naming one is admitted like one naming a tip (the applier keeps it; empty on a
-  durable node).
+  durable node). ``boundary_top`` is the highest generation ever marked there (it never
+  falls, though the oldest tips are forgotten): no event above it is below a snapshot.
 - Text client ids come only from the :class:`ClientIds` the entity carries (given at
   construction, handed on to its forks): a text backend created lazily on it draws from
   them. An entity without them (a resident, a decoded state) holds replica text, which
@@ -108,6 +109,7 @@ class Entity:
         "_text_ids",
         "_top",
         "boundary",
+        "boundary_top",
         "collection",
         "entity_id",
         "history_closed",
@@ -134,6 +136,7 @@ class Entity:
         self._text_ids = text_ids  # where a text backend created here gets its client id
         self.history_closed: bool | None = None  # every tip stored? (None: not known yet)
         self.boundary: dict[EventId, int] = {}  # merged snapshots' tips (see the module)
+        self.boundary_top = 0  # their highest generation ever (see the module)
 
     @classmethod
     def empty(
@@ -237,6 +240,7 @@ class Entity:
         only held until its parents are fetched)."""
         boundary = self.boundary
         boundary.update(head)
+        self.boundary_top = max(self.boundary_top, *head.values(), 0)
         while len(boundary) > BOUNDARY:
             del boundary[next(iter(boundary))]
 

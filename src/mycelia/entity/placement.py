@@ -8,7 +8,8 @@ Invariants:
   head after them (``None``: the head just advances past them), and the applier applies.
 - A walk happens only when nothing cheaper can decide: an entity's first events (its
   genesis among them), a live edit on the head, a durable sole writer's closed history,
-  and a cache's events above its head are placed in O(their parents); otherwise a
+  and a cache's events above its head or above every snapshot it merged are placed in
+  O(their parents); otherwise a
   subject-side walk from the events to the head decides (the verdict table of
   :mod:`mycelia.entity.verdicts`), within the comparison budget.
 - History is read through one getter per entity and run: staging, then storage (with
@@ -23,6 +24,7 @@ from mycelia.entity.entity import Entity
 from mycelia.entity.runs import Overlay
 from mycelia.entity.verdicts import (
     Action,
+    above_boundary,
     above_head,
     action_for,
     extends_head,
@@ -95,6 +97,9 @@ class Placement:
             return staged, None
         top = entity.top_generation
         if self._sole_writer and above_head(entity.head_map, top, staged):  # a cache's, mostly
+            return staged, None
+        cache = self._sole_writer and not self._durable
+        if cache and above_boundary(entity.head_map, entity.boundary_top, staged):
             return staged, None
         return await self._walk(entity, staged, getter)
 

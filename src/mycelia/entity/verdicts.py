@@ -30,6 +30,7 @@ from mycelia.proto import AdmittedEvent, EntityId, EventId
 __all__ = [
     "VERDICTS",
     "Action",
+    "above_boundary",
     "above_head",
     "action_for",
     "extends_head",
@@ -122,3 +123,20 @@ def above_head(head: Collection[EventId], top: int, staged: Sequence[AdmittedEve
     writers' events reach a subscriber one at a time in this shape.
     """
     return all(e.generation >= top and e.id not in head for e in staged)
+
+
+def above_boundary(head: Collection[EventId], floor: int, staged: Sequence[AdmittedEvent]) -> bool:
+    """Whether every staged event is of a generation above ``floor`` (the highest of the
+    snapshot tips a cache ever merged into the entity, ``Entity.boundary_top``; 0 for
+    none) and none is a tip itself. Valid only on a cache that alone writes its store.
+
+    Then no staged event is in the head's history. On such a cache that history is the
+    events it holds and those below the snapshots it merged: a staged event is neither
+    (admission skips what is held, and an event below a snapshot's tip has a smaller
+    generation). Admission names each parent of a staged event in that history (held, a
+    tip, or a snapshot's tip) or staged before it, so, as for :func:`above_head`, a tip
+    one descends from can only be one it names. Concurrent writers' events reach a
+    subscriber in this shape long after its head moved past their generation (W3: the
+    walks that placed them were a third of a client's time).
+    """
+    return all(e.generation > floor and e.id not in head for e in staged)
