@@ -53,8 +53,15 @@ def _decoded(obj: object) -> State | type[Exception]:
 
 
 near_plain_states = st.tuples(
-    st.lists(st.one_of(st.binary(min_size=32, max_size=32), st.binary(max_size=33)), max_size=2),
-    st.lists(st.one_of(st.integers(-1, 3), st.booleans()), max_size=2),
+    st.lists(
+        st.one_of(
+            st.sampled_from([bytes(32), b"\x01" * 32, b"\xff" * 32]),
+            st.binary(min_size=32, max_size=32),
+            st.binary(max_size=33),
+        ),
+        max_size=4,
+    ),
+    st.lists(st.one_of(st.integers(-1, 3), st.booleans()), max_size=4),
     st.lists(
         st.one_of(
             st.tuples(
@@ -72,6 +79,9 @@ near_plain_states = st.tuples(
 @example([[bytes(32)], [1], [["zz", b""], ["lww", b""]]])  # out of order: sorted
 @example([[bytes(32)], [1], [["lww", b""], ["lww", b"x"]]])  # twice: refused
 @example([[bytes(32)], [True], [["lww", b""]]])
+@example([[bytes(32), b"\x01" * 32], [1, 2], [["lww", b""]]])  # a wide head, in order
+@example([[b"\x01" * 32, bytes(32)], [2, 1], [["lww", b""]]])  # out of order: sorted
+@example([[bytes(32), bytes(32)], [1, 2], [["lww", b""]]])  # an id twice
 def test_the_unchecked_decoding_of_the_common_shape_agrees_with_the_checked_one(
     obj: list[object],
 ) -> None:
@@ -79,7 +89,7 @@ def test_the_unchecked_decoding_of_the_common_shape_agrees_with_the_checked_one(
         expect_name(name, "name")  # known: the fast path may take them
     fast = _decoded(obj)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(state_module, "_plain_state", lambda obj, names: None)
+        patch.setattr(state_module, "_plain_state", lambda obj, names, width: None)
         checked = _decoded(obj)
     assert fast == checked
 

@@ -105,7 +105,7 @@ def _plain_delta(obj: object, names: set[str], limits: Limits) -> Delta | None:
     if raw_state is None:
         state = None
     else:
-        state = plain_entity_state(raw_state, names)
+        state = plain_entity_state(raw_state, names, limits.max_clock_width)
         if state is None:
             return None
     events = EVENTS.decode(raw_events, "Delta.events", limits) if raw_events else ()

@@ -255,7 +255,7 @@ class State:
         """Decode :meth:`to_wire` (and, given ``merge``, :meth:`to_stored`: a buffer given
         as parts becomes a :class:`Deferred` of ``merge(backend, parts)``); raises
         DecodeError on any malformed field."""
-        plain = _plain_state(obj, valid_names(limits))
+        plain = _plain_state(obj, valid_names(limits), limits.max_clock_width)
         if plain is not None:
             return plain
         head_raw, gens_raw, bufs_raw = expect_list(obj, "state", length=3)
@@ -280,22 +280,19 @@ class State:
         return cls.of(head=pairs, buffers=buffers)
 
 
-def _plain_state(obj: object, names: set[str]) -> State | None:
-    """``obj`` decoded in the common shape, checked with no call per field: a head of one
-    id, its generation, and byte buffers under known names in order (a stored state, or a
-    peer's snapshot of an entity edited by one writer at a time). ``None`` for any other
-    shape: :meth:`State.from_wire` then checks it field by field, with the errors that say
-    what is wrong."""
+def _plain_state(obj: object, names: set[str], max_width: int) -> State | None:
+    """``obj`` decoded in the common shape, checked with no call per field: a head of ids in
+    ascending order (at most ``max_width``), a generation of each, and byte buffers under
+    known names in order (a stored state, or a peer's snapshot, however many writers
+    edited the entity at once). ``None`` for any other shape: :meth:`State.from_wire` then
+    checks it field by field, with the errors that say what is wrong."""
     if type(obj) is not list or len(obj) != 3:
         return None
     head, gens, buffers = obj
-    if type(head) is not list or len(head) != 1 or type(gens) is not list or len(gens) != 1:
+    plain = _plain_head(head, gens, max_width)
+    if plain is None:
         return None
-    event_id, generation = head[0], gens[0]
-    if type(event_id) is not bytes or len(event_id) != ID_LENGTH:
-        return None
-    if type(generation) is not int or generation < 1:
-        return None
+    clock, generations = plain
     if type(buffers) is not list or len(buffers) > MAX_BUFFERS:
         return None
     pairs: list[tuple[str, bytes]] = []
@@ -308,15 +305,39 @@ def _plain_state(obj: object, names: set[str]) -> State | None:
             return None
         pairs.append((name, buf))
         last = name
-    return State._of_bytes(Clock.single(EventId._trusted(event_id)), (generation,), tuple(pairs))
+    return State._of_bytes(clock, generations, tuple(pairs))
 
 
-def plain_entity_state(obj: object, names: set[str]) -> EntityState | None:
+def _plain_head(head: object, gens: object, max_width: int) -> tuple[Clock, tuple[int, ...]] | None:
+    """:func:`_plain_state`'s head: ids of 32 bytes in ascending order, each with a
+    generation of at least 1 (``None`` for any other shape)."""
+    if type(head) is not list or type(gens) is not list or len(gens) != len(head):
+        return None
+    if len(head) == 1:  # (one writer at a time: the commonest head)
+        event_id, generation = head[0], gens[0]
+        if type(event_id) is not bytes or len(event_id) != ID_LENGTH:
+            return None
+        if type(generation) is not int or generation < 1:
+            return None
+        return Clock.single(EventId._trusted(event_id)), (generation,)
+    if not 1 < len(head) <= max_width:
+        return None
+    previous = b""
+    for event_id, generation in zip(head, gens, strict=True):
+        if type(event_id) is not bytes or len(event_id) != ID_LENGTH or event_id <= previous:
+            return None
+        if type(generation) is not int or generation < 1:
+            return None
+        previous = event_id
+    return Clock._of_sorted(tuple([EventId._trusted(i) for i in head])), tuple(gens)
+
+
+def plain_entity_state(obj: object, names: set[str], max_width: int) -> EntityState | None:
     """:meth:`EntityState.from_wire` of ``obj`` in the common shape (an entity id, a known
     collection, a state :func:`_plain_state` takes), checked with no call per field;
     ``None`` for any other shape, which :meth:`EntityState.from_wire` checks field by field.
-    (A fresh client decodes a thousand of them per sync: the checked path cost twice as
-    much.)"""
+    ``max_width``: the most ids a head may hold (``Limits.max_clock_width``). (A fresh
+    client decodes a thousand of them per sync: the checked path cost twice as much.)"""
     if type(obj) is not list or len(obj) != 3:
         return None
     entity, collection, raw = obj
@@ -324,7 +345,7 @@ def plain_entity_state(obj: object, names: set[str]) -> EntityState | None:
         return None
     if type(collection) is not str or collection not in names:
         return None
-    state = _plain_state(raw, names)
+    state = _plain_state(raw, names, max_width)
     return None if state is None else EntityState(EntityId._trusted(entity), collection, state)
 
 
@@ -365,7 +386,7 @@ class EntityState:
     ) -> EntityState:
         """Decode :meth:`to_wire` (and :meth:`to_stored` given ``merge``, see
         :meth:`State.from_wire`); raises DecodeError on any malformed field."""
-        plain = plain_entity_state(obj, valid_names(limits))
+        plain = plain_entity_state(obj, valid_names(limits), limits.max_clock_width)
         if plain is not None:
             return plain
         entity_raw, collection, state = expect_list(obj, "entity state", length=3)
