@@ -9,9 +9,8 @@ Invariants:
 - A walk happens only when nothing cheaper can decide: an entity's first events (its
   genesis among them), a live edit on the head, a durable sole writer's closed history,
   and a cache's events above its head or above every snapshot it merged are placed in
-  O(their parents); otherwise a
-  subject-side walk from the events to the head decides (the verdict table of
-  :mod:`mycelia.entity.verdicts`), within the comparison budget.
+  O(their parents); otherwise a subject-side walk from the events to the head decides
+  (the verdict table of :mod:`mycelia.entity.verdicts`), within the comparison budget.
 - History is read through one getter per entity and run: staging, then storage (with
   events staged earlier in the run), then, on an ephemeral node, its durable peer.
 """
