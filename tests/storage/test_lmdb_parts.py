@@ -79,6 +79,12 @@ def _stored_parts(storage: object, entity: EntityId) -> list[bytes]:
     return storage._read(read)
 
 
+async def _long_note(node: Node) -> EntityId:
+    """A note whose text is long enough to be stored aside."""
+    async with node.context().transaction() as trx:
+        return trx.create(Note, body=LONG).id
+
+
 async def _state(storage: LmdbStorage, entity: EntityId) -> EntityState:
     state = await storage.get_state(entity)
     assert state is not None
@@ -89,8 +95,7 @@ async def test_a_keystroke_into_a_long_text_puts_only_its_update(
     node: Node, tmp_path: Path, parts_put: list[bytes]
 ) -> None:
     ctx = node.context()
-    async with ctx.transaction() as trx:
-        note = trx.create(Note, body=LONG).id
+    note = await _long_note(node)
     first = len(_stored_parts(node.storage, note))  # (an empty base, the creation's update)
     assert first == 2
     for i in range(5):
@@ -124,8 +129,7 @@ async def test_a_new_base_drops_the_stale_parts_and_goes_aside_with_the_next_upd
     node: Node, tmp_path: Path, parts_put: list[bytes]
 ) -> None:
     ctx = node.context()
-    async with ctx.transaction() as trx:
-        note = trx.create(Note, body=LONG).id
+    note = await _long_note(node)
     for i in range(3):
         async with ctx.transaction() as trx:
             (await trx.edit(Note, note)).body.insert(i, "y")
@@ -161,8 +165,7 @@ async def test_a_short_text_stays_in_its_state_and_forgetting_drops_the_parts(
 
 async def test_a_missing_part_is_reported_corrupt(node: Node, tmp_path: Path) -> None:
     ctx = node.context()
-    async with ctx.transaction() as trx:
-        note = trx.create(Note, body=LONG).id
+    note = await _long_note(node)
     async with ctx.transaction() as trx:
         (await trx.edit(Note, note)).body.insert(0, "!")
     await node.close()
@@ -217,8 +220,7 @@ async def test_parts_the_writer_does_not_remember_are_compared_with_the_stored_o
     is stored: still only the new update is put, and nothing is lost."""
     monkeypatch.setattr(lmdb_writer, "REMEMBERED_BYTES", 1)
     ctx = node.context()
-    async with ctx.transaction() as trx:
-        note = trx.create(Note, body=LONG).id
+    note = await _long_note(node)
     first = len(_stored_parts(node.storage, note))
     parts_put.clear()
     pending = []

@@ -104,18 +104,13 @@ async def delta_for(
     # (a walk that ends otherwise than over its budget has the last word)
     descends = bridge is not None or (proven and isinstance(relation, BudgetExceeded))
     if bridge is None or len(bridge) > MAX_BATCH_EVENTS:
-        return Delta(
-            state.entity_id, state.collection, matches, state, (), _base(base, descends=descends)
-        )
+        named = base.ids if descends else None
+        return Delta(state.entity_id, state.collection, matches, state, (), named)
     for event in bridge:
         room -= len(event.to_bytes())
         if room <= 0:
             return Delta(state.entity_id, state.collection, matches, state, (), base.ids)
     return Delta(state.entity_id, state.collection, matches, None, tuple(bridge))
-
-
-def _base(base: Clock, *, descends: bool) -> tuple[EventId, ...] | None:
-    return base.ids if descends else None
 
 
 def _fewest_between(state: EntityState, known: Clock, known_generation: int) -> int:
