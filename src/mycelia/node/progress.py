@@ -9,6 +9,9 @@ sync (a connection's preparation, a live query's first result). Invariants:
   seconds, each standing alone (no ``\\r``), and exactly one closing line.
 - Reporting costs nothing between lines: :meth:`Progress.update` only stores counts
   unless a line is due (the clock is injected, so tests need no sleeps).
+- rich is imported when a bar is first drawn: a process that never shows one (a client
+  in a service, a server) neither pays for its import nor carries its objects through
+  every full garbage collection.
 """
 
 from __future__ import annotations
@@ -20,19 +23,11 @@ import sys
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import IO, Final
+from typing import IO, TYPE_CHECKING, Final
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.progress import Progress as RichProgress
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 __all__ = ["EVERY", "SLOW_AFTER", "Progress", "Slow"]
 
@@ -127,6 +122,17 @@ def _amount(count: int, unit: str) -> str:
 
 
 def _bar(stream: IO[str] | None, *, unit: str, known: bool) -> RichProgress:
+    from rich.console import Console  # noqa: PLC0415 (only when a bar is drawn: see above)
+    from rich.progress import (  # noqa: PLC0415
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.progress import Progress as RichProgress  # noqa: PLC0415
+
     console = Console(file=stream, stderr=stream is None)
     counted = (
         DownloadColumn()
