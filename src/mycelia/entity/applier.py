@@ -41,6 +41,7 @@ An event already stored is a no-op.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -187,8 +188,7 @@ class Applier:
         batch = run.batch(max_entity_bytes=self._max_entity_bytes)
         await self._store.write(batch)
         result.stored += batch.events
-        changes = run.changes()
-        if changes:
+        for changes in run.changes():
             result.changes += changes
             self._on_change(changes)
 
@@ -220,21 +220,31 @@ class Applier:
         return result
 
     async def commit_many(
-        self, commits: Sequence[Sequence[Event]], *, check: EventCheck | None = None
+        self,
+        commits: Sequence[Sequence[Event]],
+        *,
+        check: EventCheck | Sequence[EventCheck | None] | None = None,
+        parts: Sequence[int] = (),
     ) -> IngestResult:
-        """Commit several commits from one peer, in this order, in **one** storage write.
+        """Commit several commits, in this order, in **one** storage write: one peer's, or
+        several peers' combined (:mod:`mycelia.node.combining`).
 
         Each commit is admitted, placed and checked on its own, against the entities as the
         commits before it left them (so a check sees each commit's own before and after),
-        and each must be complete (atomic: no event of it may wait for parents). Raises the
-        first error and writes nothing then (the caller may commit them one by one to learn
-        which one failed). Events that were waiting for these are applied afterwards.
+        and each must be complete (atomic: no event of it may wait for parents). ``check``
+        is one check for every commit, or one per commit (each peer's credentials).
+        ``parts`` counts the commits of each peer, in order, when several peers' are
+        combined: listeners hear of each peer's changes apart, as if written alone. Raises
+        the first error and writes nothing then (the caller may commit them one by one to
+        learn which one failed). Events that were waiting for these are applied afterwards.
         """
         result = IngestResult()
         entities = {e.entity_id for commit in commits for e in commit}
+        checks = check if isinstance(check, Sequence) else [check] * len(commits)
+        ends = set(itertools.accumulate(parts))
         async with self.staging(entities, result) as run:
             earlier: dict[EventId, AdmittedEvent] = {}
-            for events in commits:
+            for index, (events, check_one) in enumerate(zip(commits, checks, strict=True), 1):
                 groups = by_entity(events)
                 unsure = {i: g for i, g in groups.items() if not await self._lookups.needless(i, g)}
                 wanted = await self._lookups.ids(unsure)
@@ -245,9 +255,11 @@ class Applier:
                     plan = await self._plan(
                         entity_id, group, known, result, atomic=True, earlier=earlier
                     )
-                    run.add(plan, check)
+                    run.add(plan, check_one)
                     if plan is not None:
                         earlier.update((e.id, e) for e in plan.staged)
+                if index in ends:
+                    run.end_part()
         released = self._pending.release(e.id for e in result.stored)
         if released:
             more = await self.ingest(released)

@@ -157,6 +157,8 @@ class Run:
     meta: Meta
     forget: tuple[EntityId, ...]
     plans: list[Plan] = field(default_factory=list)
+    parts: list[int] = field(default_factory=list)
+    """Plan counts that end a part of the run told apart (see :meth:`end_part`)."""
 
     def add(self, plan: Plan | None, check: EventCheck | None = None) -> None:
         """Keep ``plan`` for the write, after ``check`` passed on every applied event."""
@@ -193,18 +195,35 @@ class Run:
         check_sizes(states, grown, max_entity_bytes)
         return WriteBatch(tuple(events), states, self.meta, self.forget, bases)
 
-    def changes(self) -> list[EntityChange]:
-        """What the run changed, once written, per plan. A snapshot that only moves the head,
-        or creates an entity with no values yet, is still a change: live queries and
-        subscribers must hear of it."""
-        changes: list[EntityChange] = []
-        for plan in self.plans:
-            after = plan.after or plan.entity.snapshot()
-            if plan.applied or (plan.snapshot and (plan.changed or plan.before.head != after.head)):
-                changes.append(
-                    EntityChange(plan.before, after, tuple(plan.applied), frozenset(plan.changed))
-                )
-        return changes
+    def end_part(self) -> None:
+        """End a part of the run here: listeners hear of its changes apart from the next
+        part's, as if it had been written alone (one peer's commits in a run that combines
+        several peers')."""
+        self.parts.append(len(self.plans))
+
+    def changes(self) -> list[list[EntityChange]]:
+        """What the run changed, once written, per plan, in its parts (one, unless
+        :meth:`end_part` cut it). A snapshot that only moves the head, or creates an
+        entity with no values yet, is still a change: live queries and subscribers must
+        hear of it."""
+        parts: list[list[EntityChange]] = []
+        start = 0
+        for end in [*self.parts, len(self.plans)]:
+            changes: list[EntityChange] = []
+            for plan in self.plans[start:end]:
+                after = plan.after or plan.entity.snapshot()
+                if plan.applied or (
+                    plan.snapshot and (plan.changed or plan.before.head != after.head)
+                ):
+                    changes.append(
+                        EntityChange(
+                            plan.before, after, tuple(plan.applied), frozenset(plan.changed)
+                        )
+                    )
+            if changes:
+                parts.append(changes)
+            start = end
+        return parts
 
 
 def check_sizes(states: tuple[StoredState, ...], grown: set[EntityId], limit: int) -> None:

@@ -36,6 +36,7 @@ from mycelia.entity import Applier, EntityChange, EventCheck, IngestResult, Pend
 from mycelia.entity.backends import ClientIds
 from mycelia.errors import NodeClosed
 from mycelia.node.client import Connection
+from mycelia.node.combining import CommitCombiner
 from mycelia.node.commits import CommitPipeline, LocalCommits
 from mycelia.node.context import ContextParts
 from mycelia.node.deltas import query_rows
@@ -104,6 +105,12 @@ class Wiring:
         self._residents = Residents()
         self._link = Link()
         self._applier = self._new_applier()
+        self._combiner = CommitCombiner(
+            lambda commits, checks, parts: self._applier.commit_many(
+                commits, check=checks, parts=parts
+            ),
+            self._spawn,
+        )
         self._reactor = Reactor()
         self._responder = self._new_responder()
         self._pipeline = self._new_pipeline()
@@ -274,8 +281,9 @@ class Wiring:
 
     async def _commit_remote(self, commits: list[list[Event]], check: EventCheck) -> IngestResult:
         """Commit a peer's commits in order, in one write (each all-or-nothing, checked
-        before anything is durable)."""
-        return await self._applier.commit_many(commits, check=check)
+        before anything is durable), with other peers' that arrive meanwhile
+        (:mod:`mycelia.node.combining`)."""
+        return await self._combiner.commit(commits, check)
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         """Run ``coro`` as a task the node keeps (errors are logged, not lost)."""
