@@ -1,12 +1,13 @@
 """Peers' commits combined (:mod:`mycelia.node.combining`): those that arrive while a write
 is in flight go in the next run, one storage write for all; one peer's refusal is never
 another's. Clients are real nodes served in process; the server's storage is a real
-MemoryStorage whose first write is held until the other commits have arrived."""
+MemoryStorage whose first write is held until the other commits have arrived
+(:class:`HeldServer`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import Any
 
 import pytest
@@ -24,44 +25,53 @@ class Doc(Model, collection="docs"):
     title: str = ""
 
 
-class HeldWrites:
-    """The server's storage writes, counted; the first is held until :meth:`release`."""
+class HeldServer:
+    """From :meth:`start` on, the served node's storage writes, counted, the first held
+    until :meth:`release`; and the commits reaching its combiner, counted."""
 
-    def __init__(self, write: Callable[[WriteBatch], Awaitable[WriteResult]]) -> None:
-        self._write = write
-        self._gate = asyncio.Event()
+    def __init__(self, served: InProcessServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.storage = served.node.storage
         self.batches: list[WriteBatch] = []
+        self._gate = asyncio.Event()
+        self._arrived = 0
+        self._arriving = asyncio.Event()
+        self._started = False
+        write, commit = self.storage.write, CommitCombiner.commit
 
-    async def write(self, batch: WriteBatch) -> WriteResult:
-        self.batches.append(batch)
-        if len(self.batches) == 1:
-            await self._gate.wait()
-        return await self._write(batch)
+        async def held_write(batch: WriteBatch) -> WriteResult:
+            if self._started:
+                self.batches.append(batch)
+                if len(self.batches) == 1:
+                    await self._gate.wait()
+            return await write(batch)
+
+        async def counted_commit(combiner: CommitCombiner, *args: Any) -> Any:
+            if self._started:
+                self._arrived += 1
+                self._arriving.set()
+            return await commit(combiner, *args)
+
+        monkeypatch.setattr(self.storage, "write", held_write)
+        monkeypatch.setattr(CommitCombiner, "commit", counted_commit)
+
+    async def start(self, edits: Iterable[Coroutine[Any, Any, None]]) -> list[asyncio.Task[None]]:
+        """Start ``edits`` and wait until each commit reached the server: the first one's
+        write is held, so the rest wait for it."""
+        self._started = True
+        started = [asyncio.create_task(edit) for edit in edits]
+        async with asyncio.timeout(10):
+            while self._arrived < len(started):
+                self._arriving.clear()
+                await self._arriving.wait()
+        return started
 
     def release(self) -> None:
         self._gate.set()
 
 
-class Arrivals:
-    """Counts commits reaching the server's combiner; :meth:`reached` waits for a count."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        self._changed = asyncio.Event()
-        commit = CommitCombiner.commit
-
-        async def counted(combiner: CommitCombiner, *args: Any) -> Any:
-            self.count += 1
-            self._changed.set()
-            return await commit(combiner, *args)
-
-        monkeypatch.setattr(CommitCombiner, "commit", counted)
-
-    async def reached(self, count: int) -> None:
-        async with asyncio.timeout(10):
-            while self.count < count:
-                self._changed.clear()
-                await self._changed.wait()
+@pytest.fixture
+def held(served: InProcessServer, monkeypatch: pytest.MonkeyPatch) -> HeldServer:
+    return HeldServer(served, monkeypatch)
 
 
 @pytest.fixture
@@ -92,74 +102,58 @@ async def _shared_doc(clients: list[Node]) -> EntityId:
 
 
 async def test_commits_that_arrive_while_a_write_is_in_flight_go_in_one_write(
-    served: InProcessServer, clients: list[Node], monkeypatch: pytest.MonkeyPatch
+    served: InProcessServer, clients: list[Node], held: HeldServer
 ) -> None:
     doc = await _shared_doc(clients)
-    storage = served.node.storage
-    held = HeldWrites(storage.write)
-    monkeypatch.setattr(storage, "write", held.write)
-    arrivals = Arrivals(monkeypatch)
     heard: list[int] = []
     served.node.on_change(lambda changes: heard.append(len(changes)))
 
-    edits = [asyncio.ensure_future(_retitle(n, doc, f"t{i}")) for i, n in enumerate(clients)]
-    await arrivals.reached(len(clients))  # the first one's write is held: the rest wait
+    edits = await held.start(_retitle(n, doc, f"t{i}") for i, n in enumerate(clients))
     held.release()
     await asyncio.gather(*edits)
 
     assert len(held.batches) == 2, "the first alone, the three that waited in one write"
     assert len(held.batches[1].events) == 3
     assert heard == [1, 1, 1, 1], "listeners hear of each peer's commit apart"
-    assert len(await storage.events_of(doc)) == 1 + len(clients)
+    assert len(await held.storage.events_of(doc)) == 1 + len(clients)
     titles = {(await n.context().get(Doc, doc)).title for n in clients}
     assert len(titles) == 1  # every client reads the same winner
 
 
 async def test_a_refused_commit_in_a_combined_run_is_refused_to_its_peer_only(
-    served: InProcessServer, clients: list[Node], monkeypatch: pytest.MonkeyPatch
+    clients: list[Node], held: HeldServer
 ) -> None:
     doc = await _shared_doc(clients)
     async with clients[2].context().transaction() as trx:
         own = trx.create(Doc, title="mine").id  # refused alone: "refused" wins its LWW
-    storage = served.node.storage
-    held = HeldWrites(storage.write)
-    monkeypatch.setattr(storage, "write", held.write)
-    arrivals = Arrivals(monkeypatch)
 
     targets = [(doc, "lead"), (doc, "fine"), (own, "refused"), (doc, "also fine")]
-    edits = [
-        asyncio.ensure_future(_retitle(node, entity, title))
+    edits = await held.start(
+        _retitle(node, entity, title)
         for node, (entity, title) in zip(clients, targets, strict=True)
-    ]
-    await arrivals.reached(len(clients))
+    )
     held.release()
     outcomes = await asyncio.gather(*edits, return_exceptions=True)
 
     assert [type(o) for o in outcomes] == [type(None), type(None), PolicyDenied, type(None)]
-    assert len(await storage.events_of(doc)) == 1 + 3
-    assert len(await storage.events_of(own)) == 1, "the refused commit left nothing"
+    assert len(await held.storage.events_of(doc)) == 1 + 3
+    assert len(await held.storage.events_of(own)) == 1, "the refused commit left nothing"
     assert len(held.batches) == 1 + 2, "the combined run wrote nothing; each alone did"
     assert all(len(batch.events) == 1 for batch in held.batches)
     assert (await clients[0].context().get(Doc, own)).title == "mine"
 
 
 async def test_a_peer_that_leaves_while_its_commit_waits_takes_no_other_commit_with_it(
-    served: InProcessServer, clients: list[Node], monkeypatch: pytest.MonkeyPatch
+    clients: list[Node], held: HeldServer
 ) -> None:
     doc = await _shared_doc(clients)
-    storage = served.node.storage
-    held = HeldWrites(storage.write)
-    monkeypatch.setattr(storage, "write", held.write)
-    arrivals = Arrivals(monkeypatch)
-
-    edits = [asyncio.ensure_future(_retitle(n, doc, f"t{i}")) for i, n in enumerate(clients)]
-    await arrivals.reached(len(clients))
+    edits = await held.start(_retitle(n, doc, f"t{i}") for i, n in enumerate(clients))
     await clients[3].close()  # its commit waits on the server: its connection ends
     held.release()
     outcomes = await asyncio.gather(*edits, return_exceptions=True)
 
     assert outcomes[:3] == [None, None, None]
     assert len(held.batches) == 2, "those still waiting went in one write"
-    assert len(await storage.events_of(doc)) >= 1 + 3  # (the server may take the last one)
+    assert len(await held.storage.events_of(doc)) >= 1 + 3  # (the server may take the last one)
     titles = {(await n.context().get(Doc, doc)).title for n in clients[:3]}
     assert len(titles) == 1
