@@ -35,6 +35,18 @@ async def test_concurrent_writes_share_transactions_and_syncs(tmp_path: Path) ->
         await storage.close()
 
 
+async def test_feed_rows_read_twice_share_the_id_objects_of_their_heads(tmp_path: Path) -> None:
+    storage = LmdbStorage(tmp_path / "s", durable=False)
+    try:
+        history = History.make()
+        await storage.write(WriteBatch((history.g,), (state_of([history.g]),)))
+        first, second = await storage.read_since(0), await storage.read_since(0)
+        assert first == second
+        assert first[0].head.ids[0] is second[0].head.ids[0]
+    finally:
+        await storage.close()
+
+
 async def test_a_failing_batch_does_not_take_its_group_down(tmp_path: Path) -> None:
     storage = LmdbStorage(tmp_path / "s", durable=False)
     try:

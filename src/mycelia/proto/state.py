@@ -28,7 +28,7 @@ from mycelia.proto.codec import (
     unpack,
     valid_names,
 )
-from mycelia.proto.ids import ID_LENGTH, EntityId, EventId
+from mycelia.proto.ids import ID_LENGTH, EntityId, EventId, shared_event_id
 from mycelia.proto.limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["Attested", "Buffer", "Deferred", "EntityState", "Merge", "State", "plain_entity_state"]
@@ -262,7 +262,7 @@ class State:
         ids = expect_list(head_raw, "state head", max_len=limits.max_clock_width)
         gens = expect_list(gens_raw, "state generations", length=len(ids))
         pairs = {
-            EventId._trusted(expect_bytes(i, "head id", length=ID_LENGTH)): expect_int(
+            shared_event_id(expect_bytes(i, "head id", length=ID_LENGTH)): expect_int(
                 g, "generation", minimum=1
             )
             for i, g in zip(ids, gens, strict=True)
@@ -319,7 +319,7 @@ def _plain_head(head: object, gens: object, max_width: int) -> tuple[Clock, tupl
             return None
         if type(generation) is not int or generation < 1:
             return None
-        return Clock.single(EventId._trusted(event_id)), (generation,)
+        return Clock.single(shared_event_id(event_id)), (generation,)
     if not 1 < len(head) <= max_width:
         return None
     previous = b""
@@ -329,7 +329,7 @@ def _plain_head(head: object, gens: object, max_width: int) -> tuple[Clock, tupl
         if type(generation) is not int or generation < 1:
             return None
         previous = event_id
-    return Clock._of_sorted(tuple([EventId._trusted(i) for i in head])), tuple(gens)
+    return Clock._of_sorted(tuple([shared_event_id(i) for i in head])), tuple(gens)
 
 
 def plain_entity_state(obj: object, names: set[str], max_width: int) -> EntityState | None:

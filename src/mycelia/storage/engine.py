@@ -47,6 +47,7 @@ import msgpack
 from mycelia.errors import DecodeError, StorageCorrupt, StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EventId, Limits
 from mycelia.proto.codec import canonical_value, pack
+from mycelia.proto.ids import shared_event_id
 from mycelia.proto.query import After, Query
 from mycelia.retrieval import EntityStore, StoredState
 
@@ -141,7 +142,7 @@ def decode_feed(offset: int, data: bytes) -> FeedEntry:
     """Decode :func:`encode_feed`; raises StorageCorrupt if the bytes are not that."""
     try:
         entity, collection, head = msgpack.unpackb(data, raw=False)
-        ids = [EventId._trusted(head[i : i + 32]) for i in range(0, len(head), 32)]
+        ids = [shared_event_id(head[i : i + 32]) for i in range(0, len(head), 32)]
         return FeedEntry(offset, EntityId._trusted(entity), collection, Clock(ids))
     except Exception as exc:
         raise StorageCorrupt(f"feed row {offset} does not decode: {exc!r}") from exc

@@ -27,6 +27,7 @@ from typing import Any, Final, TypeVar
 from mycelia.entity import stored_merge
 from mycelia.errors import DecodeError, StorageCorrupt, StorageError
 from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
+from mycelia.proto.ids import shared_event_id
 from mycelia.proto.query import After, Query, encode_key, evaluate, invert_key, sort_rows
 from mycelia.retrieval import StoredState, WriteBatch
 from mycelia.storage.engine import STORED_LIMITS, decode_values, encode_values
@@ -388,7 +389,7 @@ def matching(rows: Sequence[Sequence[Any]], query: Query, wanted: int) -> list[S
 
 def clock(head: bytes) -> Clock:
     """A clock from its concatenated 32-byte ids."""
-    return Clock(EventId._trusted(head[i : i + 32]) for i in range(0, len(head), 32))
+    return Clock(shared_event_id(head[i : i + 32]) for i in range(0, len(head), 32))
 
 
 def key_columns(
