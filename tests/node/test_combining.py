@@ -14,6 +14,7 @@ import pytest
 
 from mycelia import Model, Node
 from mycelia.errors import PolicyDenied
+from mycelia.node import combining
 from mycelia.node.combining import CommitCombiner
 from mycelia.node.inprocess import InProcessServer
 from mycelia.proto import EntityId
@@ -157,3 +158,15 @@ async def test_a_peer_that_leaves_while_its_commit_waits_takes_no_other_commit_w
     assert len(await held.storage.events_of(doc)) >= 1 + 3  # (the server may take the last one)
     titles = {(await n.context().get(Doc, doc)).title for n in clients[:3]}
     assert len(titles) == 1
+
+
+async def test_a_combined_run_takes_at_most_its_cap_of_events_and_the_rest_go_next(
+    clients: list[Node], held: HeldServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(combining, "COMBINED_EVENTS", 2)
+    doc = await _shared_doc(clients)
+    edits = await held.start(_retitle(n, doc, f"t{i}") for i, n in enumerate(clients))
+    held.release()
+    await asyncio.gather(*edits)
+
+    assert [len(batch.events) for batch in held.batches] == [1, 2, 1]
