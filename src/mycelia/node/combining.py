@@ -25,8 +25,9 @@ Invariants:
   holds its commits wrote them.
 - **Listeners hear of each submission apart**, as if it had been written alone (the
   reactor's change sets, the pushes to subscribers, the metrics' commit count).
-- **Closing ends the waiting**: a run cancelled (the node closes) cancels its own
-  submissions and every one still waiting, and starts no other run.
+- **Closing ends the waiting**: a run in a task of its own that is cancelled (the node
+  closes its tasks) cancels its own submissions and every one still waiting, and starts
+  no other run.
 """
 
 from __future__ import annotations
