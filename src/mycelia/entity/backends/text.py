@@ -43,15 +43,23 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Self
-
-from pycrdt import Doc, Subscription, Text, Transaction, TransactionEvent, merge_updates
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Self
 
 from mycelia.entity.backends import text_canon
 from mycelia.entity.backends.client_ids import REPLICA_CLIENT_ID, ClientIds
-from mycelia.entity.backends.text_canon import apply_update, canonical_update, merge_parts
+from mycelia.entity.backends.text_canon import (
+    apply_update,
+    canonical_update,
+    merge_parts,
+    merged_updates,
+    new_doc,
+    root_text,
+)
 from mycelia.errors import TransactionError
 from mycelia.proto import AdmittedEvent, Deferred
+
+if TYPE_CHECKING:
+    from pycrdt import Doc, Subscription, Text, Transaction, TransactionEvent
 
 __all__ = ["REPLICA_CLIENT_ID", "ClientIds", "TextBackend", "canonical_update", "merge_parts"]
 
@@ -70,7 +78,7 @@ RETURNS_KEPT: Final = 4
 
 def _new_doc(ids: ClientIds | None) -> Doc[Any]:
     """A document with a fresh client id from ``ids``, or a replica's without ``ids``."""
-    return Doc(client_id=REPLICA_CLIENT_ID if ids is None else ids.next())
+    return new_doc(REPLICA_CLIENT_ID if ids is None else ids.next())
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +331,7 @@ class TextBackend:
         :meth:`insert`, :meth:`delete` and :meth:`replace`."""
         text = self._roots_of.get(prop)
         if text is None:
-            text = self._roots_of[prop] = self._doc.get(prop, type=Text)
+            text = self._roots_of[prop] = root_text(self._doc, prop)
         return text
 
     def value(self, prop: str) -> str:
@@ -450,7 +458,7 @@ class TextBackend:
             self._doc.unobserve(self._watch)
             self._watch = None
         self._edited = False
-        diff = updates[0] if len(updates) == 1 else bytes(merge_updates(*updates))
+        diff = updates[0] if len(updates) == 1 else merged_updates(updates)
         self._logged(diff)
         lender = None if self._lender is None else self._lender()
         if lender is not None and self._lent_at is not None:
@@ -470,7 +478,7 @@ class TextBackend:
             current = texts.get(key)
             if current is None:
                 try:
-                    current = texts[key] = str(self._doc.get(key, type=Text))
+                    current = texts[key] = str(root_text(self._doc, key))
                 except (TypeError, ValueError):
                     continue
             out[key] = current
@@ -487,7 +495,7 @@ class TextBackend:
                 total += len(current)
                 continue
             try:
-                total += len(self._doc.get(key, type=Text))
+                total += len(root_text(self._doc, key))
             except (TypeError, ValueError):
                 continue
         return total
