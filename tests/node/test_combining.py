@@ -35,6 +35,7 @@ class HeldServer:
         self.batches: list[WriteBatch] = []
         self._gate = asyncio.Event()
         self._arrived = 0
+        self._expected = 0
         self._arriving = asyncio.Event()
         self._started = False
         write, commit = self.storage.write, CommitCombiner.commit
@@ -57,11 +58,12 @@ class HeldServer:
 
     async def start(self, edits: Iterable[Coroutine[Any, Any, None]]) -> list[asyncio.Task[None]]:
         """Start ``edits`` and wait until each commit reached the server: the first one's
-        write is held, so the rest wait for it."""
+        write is held, so the rest wait for it (a second call adds to the first's)."""
         self._started = True
         started = [asyncio.create_task(edit) for edit in edits]
+        self._expected += len(started)
         async with asyncio.timeout(10):
-            while self._arrived < len(started):
+            while self._arrived < self._expected:
                 self._arriving.clear()
                 await self._arriving.wait()
         return started
@@ -124,20 +126,23 @@ async def test_commits_that_arrive_while_a_write_is_in_flight_go_in_one_write(
 async def test_a_refused_commit_in_a_combined_run_is_refused_to_its_peer_only(
     clients: list[Node], held: HeldServer
 ) -> None:
-    doc = await _shared_doc(clients)
+    doc, aside = await _shared_doc(clients), await _shared_doc(clients)
     async with clients[2].context().transaction() as trx:
         own = trx.create(Doc, title="mine").id  # refused alone: "refused" wins its LWW
 
-    targets = [(doc, "lead"), (doc, "fine"), (own, "refused"), (doc, "also fine")]
-    edits = await held.start(
-        _retitle(node, entity, title)
-        for node, (entity, title) in zip(clients, targets, strict=True)
+    # The lead's write, held, is on an entity of its own: a server read of an entity waits
+    # for the writes in flight on it, and the others' transactions read theirs first.
+    lead = await held.start([_retitle(clients[0], aside, "lead")])
+    targets = [(doc, "fine"), (own, "refused"), (doc, "also fine")]
+    rest = await held.start(
+        _retitle(n, entity, title) for n, (entity, title) in zip(clients[1:], targets, strict=True)
     )
+    edits = lead + rest
     held.release()
     outcomes = await asyncio.gather(*edits, return_exceptions=True)
 
     assert [type(o) for o in outcomes] == [type(None), type(None), PolicyDenied, type(None)]
-    assert len(await held.storage.events_of(doc)) == 1 + 3
+    assert len(await held.storage.events_of(doc)) == 1 + 2
     assert len(await held.storage.events_of(own)) == 1, "the refused commit left nothing"
     assert len(held.batches) == 1 + 2, "the combined run wrote nothing; each alone did"
     assert all(len(batch.events) == 1 for batch in held.batches)
