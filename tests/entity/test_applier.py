@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -26,8 +26,8 @@ from mycelia.entity.unsure import UNSURE_PREFIX
 from mycelia.entity.values import encode_value
 from mycelia.errors import CommitReverted, DecodeError, PolicyDenied, StorageError
 from mycelia.event_dag import DEFAULT_BUDGET
-from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId, State
-from mycelia.proto.codec import pack, unpack
+from mycelia.proto import AdmittedEvent, Clock, EntityId, EntityState, Event, EventId
+from mycelia.proto.codec import pack
 from mycelia.retrieval import WriteBatch
 from mycelia.storage import MemoryStorage
 from mycelia.storage.testing import engine_content
@@ -374,62 +374,6 @@ async def test_listeners_hear_of_each_write_in_commit_order() -> None:
     assert [c.after.head for c in heard] == [Clock([e.id]) for e in history[1:]]
 
 
-async def test_grouped_commits_are_each_checked_against_their_own_before_and_after() -> None:
-    a, note, applier, store, _ = await _with_note(durable=True)
-    head = Clock([(await a.storage.events_of(note))[-1].id])
-    bad = _update(note, head, title="refused")
-    good = _update(note, Clock([bad.id]), title="fine")
-    seen: list[object] = []
-
-    def check(before: Snapshot, after: Snapshot, event: AdmittedEvent) -> None:
-        seen.append(after.values.get("title"))
-        if after.values.get("title") == "refused":
-            raise PolicyDenied("refused")
-
-    before = await engine_content(store)
-    with pytest.raises(PolicyDenied):
-        await applier.commit_many([[bad], [good]], check=check)
-    assert seen == ["refused"]  # the first commit's own after, not the batch's last
-    assert await engine_content(store) == before
-
-
-async def test_a_commit_on_the_held_head_is_admitted_without_a_lookup_and_a_resent_one_is_a_no_op(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    a, note, applier, store, held = await _with_note(durable=True)
-    asked: list[set[EventId]] = []
-    get_events = store.get_events
-
-    async def counted(ids: Any) -> Any:
-        asked.append(set(ids))
-        return await get_events(ids)
-
-    monkeypatch.setattr(store, "get_events", counted)
-    first = _update(note, held.head, title="one")
-    second = _update(note, Clock([first.id]), rank=2)  # on the first, in the same commit
-    result = await applier.commit_many([[first, second]])
-    assert [e.id for e in result.stored] == [first.id, second.id]
-    assert asked == [], "made on the head this node holds: nothing to look up"
-
-    third = _update(note, Clock([second.id]), title="three")
-    for resent in ([first], [second], [first, second, third]):  # none of them on the head now
-        before = await engine_content(store)
-        result = await applier.commit_many([resent])
-        assert asked.pop() >= {e.id for e in resent}, "not on the head: looked up"
-        if third not in resent:
-            assert result.stored == []
-            assert result.changes == []
-            assert await engine_content(store) == before, "a stored event is a no-op"
-    assert [e.id for e in result.stored] == [third.id], "only the new one of the three"
-    entity = await applier.load(note)
-    assert entity is not None
-    assert entity.head == Clock([third.id])
-    assert entity.snapshot().values == {"title": "three", "rank": 2}
-    genesis = (await a.storage.events_of(note))[0].event
-    assert (await applier.commit_many([[genesis]])).stored == []  # a genesis is looked up
-    assert asked.pop() >= {genesis.id}
-
-
 async def test_a_pushed_edit_on_the_held_head_reads_no_stored_event_and_a_resent_one_is_a_no_op(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -505,97 +449,6 @@ async def test_forgetting_an_entity_in_a_write_drops_it_whole() -> None:
     await store.write(WriteBatch(forget=(note,)))
     assert await store.get_state(note) is None
     assert await store.events_of(note) == []
-
-
-def _shuffled(state: EntityState) -> EntityState:
-    """``state`` with its LWW rows in reverse order: valid, not canonical."""
-    ((name, buffer),) = state.state.buffers
-    version, rows = cast(list[Any], unpack(buffer))
-    wire = pack([version, rows[::-1]])
-    return EntityState(
-        state.entity_id,
-        state.collection,
-        State(state.state.head, state.state.generations, ((name, wire),)),
-    )
-
-
-@pytest.mark.parametrize("durable", [False, True], ids=["cache", "durable"])
-async def test_an_adopted_snapshot_is_stored_as_sent_only_by_a_cache(durable: bool) -> None:
-    """A cache trusts its durable peer's states, so it stores one as sent, without encoding
-    it again (a fresh client adopts a thousand at once); a durable node stores the
-    canonical encoding of a state it did not have, whatever the sender's bytes were."""
-    a = await _server()
-    note = await _note(a, title="g", rank=3)
-    canonical = await a.storage.get_state(note)
-    assert canonical is not None
-    sent = _shuffled(canonical)
-    assert sent.state.buffers != canonical.state.buffers
-    applier, store = await _applier(a, durable=durable)
-    await applier.ingest_states([sent])
-    stored = await store.get_state(note)
-    assert stored == (canonical if durable else sent)
-    held = await applier.load(note)
-    assert held is not None
-    assert held.snapshot().values == {"title": "g", "rank": 3}
-
-
-async def test_a_cache_adopts_a_snapshot_of_values_without_building_the_entity() -> None:
-    """A fresh client adopts a thousand snapshots at once and edits a few: an LWW-only
-    state is stored and reported with its values decoded once, and no entity is made
-    resident; the first load builds it from storage, its tips kept as a snapshot's."""
-    a = await _server()
-    note = await _note(a, title="g", rank=3)
-    state = await a.storage.get_state(note)
-    assert state is not None
-    heard: list[EntityChange] = []
-    residents = Residents()
-    applier, store = await _applier(a, heard=heard, residents=residents)
-    before = len(residents)
-    heard.clear()  # (the system's own entities)
-    await applier.ingest_states([state])
-    assert len(residents) == before
-    assert await store.get_state(note) is state
-    (change,) = heard
-    assert (change.before.exists, dict(change.after.values)) == (False, {"title": "g", "rank": 3})
-    assert change.changed == {"title", "rank"}
-    entity = await applier.load(note)
-    assert entity is not None
-    assert len(residents) == before + 1
-    assert entity.head == state.state.head
-    assert entity.boundary == state.state.head_generations()
-    assert entity.snapshot() == change.after
-
-
-async def test_a_malformed_snapshot_is_refused_by_a_cache_and_nothing_is_stored() -> None:
-    a = await _server()
-    note = await _note(a, title="g")
-    state = await a.storage.get_state(note)
-    assert state is not None
-    bad = EntityState(
-        note, "notes", State(state.state.head, state.state.generations, (("lww", b"\x93"),))
-    )
-    applier, store = await _applier(a)
-    result = await applier.ingest_states([bad])
-    assert isinstance(result.errors[note], DecodeError)
-    assert await store.get_state(note) is None
-    assert await applier.load(note) is None
-
-
-async def test_a_state_read_as_canonical_is_given_back_until_the_entity_changes() -> None:
-    """``from_state(canonical=True)`` gives its state back from ``to_state`` without
-    encoding it; once a backend is handed out (an event, a merge, a caller's edit all
-    take one) it encodes again, and a fork never carries it."""
-    a = await _server()
-    note = await _note(a, title="g", rank=3)
-    canonical = await a.storage.get_state(note)
-    assert canonical is not None
-    sent = _shuffled(canonical)
-    entity = Entity.from_state(sent, canonical=True)
-    assert entity.to_state() is sent
-    assert entity.fork().to_state() == canonical
-    assert Entity.from_state(sent).to_state() == canonical
-    entity.lww()
-    assert entity.to_state() == canonical
 
 
 async def _write_held(

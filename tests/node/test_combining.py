@@ -123,29 +123,36 @@ async def test_commits_that_arrive_while_a_write_is_in_flight_go_in_one_write(
     assert len(titles) == 1  # every client reads the same winner
 
 
+@pytest.mark.parametrize(
+    ("refused_at", "writes"),  # where the refused commit arrives; each write's events
+    [(0, [1, 2]), (1, [1, 1, 1]), (2, [1, 2])],
+)
 async def test_a_refused_commit_in_a_combined_run_is_refused_to_its_peer_only(
-    clients: list[Node], held: HeldServer
+    clients: list[Node], held: HeldServer, refused_at: int, writes: list[int]
 ) -> None:
     doc, aside = await _shared_doc(clients), await _shared_doc(clients)
-    async with clients[2].context().transaction() as trx:
+    async with clients[0].context().transaction() as trx:
         own = trx.create(Doc, title="mine").id  # refused alone: "refused" wins its LWW
 
     # The lead's write, held, is on an entity of its own: a server read of an entity waits
     # for the writes in flight on it, and the others' transactions read theirs first.
     lead = await held.start([_retitle(clients[0], aside, "lead")])
-    targets = [(doc, "fine"), (own, "refused"), (doc, "also fine")]
-    rest = await held.start(
-        _retitle(n, entity, title) for n, (entity, title) in zip(clients[1:], targets, strict=True)
-    )
-    edits = lead + rest
+    targets = [(doc, "fine"), (doc, "also fine")]
+    targets.insert(refused_at, (own, "refused"))
+    rest = []
+    for node, (entity, title) in zip(clients[1:], targets, strict=True):
+        rest += await held.start([_retitle(node, entity, title)])  # arriving in this order
     held.release()
-    outcomes = await asyncio.gather(*edits, return_exceptions=True)
+    outcomes = await asyncio.gather(*lead, *rest, return_exceptions=True)
 
-    assert [type(o) for o in outcomes] == [type(None), type(None), PolicyDenied, type(None)]
+    verdicts: list[type] = [type(None)] * 4
+    verdicts[1 + refused_at] = PolicyDenied
+    assert [type(o) for o in outcomes] == verdicts
     assert len(await held.storage.events_of(doc)) == 1 + 2
     assert len(await held.storage.events_of(own)) == 1, "the refused commit left nothing"
-    assert len(held.batches) == 1 + 2, "the combined run wrote nothing; each alone did"
-    assert all(len(batch.events) == 1 for batch in held.batches)
+    # The combined run wrote nothing; those before the refused one went in one write,
+    # those after it in the next.
+    assert [len(batch.events) for batch in held.batches] == writes
     assert (await clients[0].context().get(Doc, own)).title == "mine"
 
 

@@ -6,7 +6,7 @@ The merge logic is pure and synchronous; the applier reaches storage only throug
 
 from mycelia.entity.values import check_value, decode_value, encode_value  # noqa: I001 - first: no cycles
 from mycelia.entity.entity import DELETED, Entity, Snapshot, stored_merge
-from mycelia.entity.runs import EntityChange, EventCheck, ForkBase, IngestResult
+from mycelia.entity.runs import EntityChange, EventCheck, ForkBase, IngestResult, Refused
 from mycelia.entity.applier import Applier
 from mycelia.entity.pending import PendingPool
 from mycelia.entity.verdicts import VERDICTS, Action
@@ -23,6 +23,7 @@ __all__ = [
     "ForkBase",
     "IngestResult",
     "PendingPool",
+    "Refused",
     "Residents",
     "Snapshot",
     "check_value",

@@ -61,6 +61,7 @@ from mycelia.entity.runs import (
     IngestResult,
     Meta,
     Plan,
+    Refused,
     Run,
     Staging,
     fetched,
@@ -225,6 +226,7 @@ class Applier:
         *,
         check: EventCheck | Sequence[EventCheck | None] | None = None,
         parts: Sequence[int] = (),
+        locate: bool = False,
     ) -> IngestResult:
         """Commit several commits, in this order, in **one** storage write: one peer's, or
         several peers' combined (:mod:`mycelia.node.combining`).
@@ -235,8 +237,9 @@ class Applier:
         is one check for every commit, or one per commit (each peer's credentials).
         ``parts`` counts the commits of each peer, in order, when several peers' are
         combined: listeners hear of each peer's changes apart, as if written alone. Raises
-        the first error and writes nothing then (the caller may commit them one by one to
-        learn which one failed). Events that were waiting for these are applied afterwards.
+        the first error and writes nothing then; with ``locate``, a commit's own refusal
+        (its admission, placement or check) comes as :class:`Refused`, naming its place.
+        Events that were waiting for these are applied afterwards.
         """
         result = IngestResult()
         entities = {e.entity_id for commit in commits for e in commit}
@@ -244,21 +247,14 @@ class Applier:
         ends = set(itertools.accumulate(parts))
         async with self.staging(entities, result) as run:
             earlier: dict[EventId, AdmittedEvent] = {}
-            for index, (events, check_one) in enumerate(zip(commits, checks, strict=True), 1):
-                groups = by_entity(events)
-                unsure = {i: g for i, g in groups.items() if not await self._lookups.needless(i, g)}
-                wanted = await self._lookups.ids(unsure)
-                asked = wanted - earlier.keys()
-                known = dict(await self._store.get_events(asked)) if asked else {}
-                known.update((i, earlier[i]) for i in wanted if i in earlier)
-                for entity_id, group in groups.items():
-                    plan = await self._plan(
-                        entity_id, group, known, result, atomic=True, earlier=earlier
-                    )
-                    run.add(plan, check_one)
-                    if plan is not None:
-                        earlier.update((e.id, e) for e in plan.staged)
-                if index in ends:
+            for index, (events, check_one) in enumerate(zip(commits, checks, strict=True)):
+                try:
+                    await self._plan_one(events, check_one, run, result, earlier)
+                except MyceliaError as exc:
+                    if locate:
+                        raise Refused(index, exc) from exc
+                    raise
+                if index + 1 in ends:
                     run.end_part()
         released = self._pending.release(e.id for e in result.stored)
         if released:
@@ -266,6 +262,27 @@ class Applier:
             result.changes.extend(more.changes)
             result.stored.extend(more.stored)
         return result
+
+    async def _plan_one(
+        self,
+        events: Sequence[Event],
+        check: EventCheck | None,
+        run: Run,
+        result: IngestResult,
+        earlier: dict[EventId, AdmittedEvent],
+    ) -> None:
+        """Plan one commit of :meth:`commit_many` into ``run``, after the ``earlier`` ones."""
+        groups = by_entity(events)
+        unsure = {i: g for i, g in groups.items() if not await self._lookups.needless(i, g)}
+        wanted = await self._lookups.ids(unsure)
+        asked = wanted - earlier.keys()
+        known = dict(await self._store.get_events(asked)) if asked else {}
+        known.update((i, earlier[i]) for i in wanted if i in earlier)
+        for entity_id, group in groups.items():
+            plan = await self._plan(entity_id, group, known, result, atomic=True, earlier=earlier)
+            run.add(plan, check)
+            if plan is not None:
+                earlier.update((e.id, e) for e in plan.staged)
 
     async def _ingest_once(
         self,

@@ -41,6 +41,7 @@ __all__ = [
     "Meta",
     "Overlay",
     "Plan",
+    "Refused",
     "Run",
     "Staging",
     "differing",
@@ -81,6 +82,17 @@ class IngestResult:
         """Raise the first error, if any."""
         for error in self.errors.values():
             raise error
+
+
+class Refused(Exception):
+    """Commit ``index`` of a run of several (:meth:`Applier.commit_many` asked to locate
+    refusals) was refused with ``error``: the run wrote nothing, and the commits before it
+    passed, against the entities as the earlier ones left them."""
+
+    def __init__(self, index: int, error: MyceliaError) -> None:
+        super().__init__(index, error)
+        self.index = index
+        self.error = error
 
 
 EventCheck = Callable[[Snapshot, Snapshot, AdmittedEvent], None]

@@ -18,9 +18,13 @@ Invariants:
   other peer's commits with it. A submission whose caller stopped waiting before its run
   began is dropped.
 - **One peer's refusal is never another's.** A submission is one peer's commits, all or
-  nothing, each checked with that peer's credentials. If a combined run fails, it wrote
-  nothing, and each of its submissions is then committed alone (concurrently), so each
-  gets its own verdict, exactly as without combining.
+  nothing, each checked with that peer's credentials. A combined run that fails wrote
+  nothing. If a commit of it was refused, its submission gets that verdict (reached
+  against the entities as the submissions before it left them, as if run after them);
+  those before it are written together, and those after it go together next. So a peer
+  whose commits are always refused costs the others one planning each time, never a
+  write of their own. Any other failure (the write itself) commits each submission
+  alone, concurrently, so each gets its own verdict.
 - **Nothing is acknowledged before it is durable**: each caller resumes after the run that
   holds its commits wrote them.
 - **Listeners hear of each submission apart**, as if it had been written alone (the
@@ -33,12 +37,14 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from mycelia.entity import EventCheck, IngestResult
+from mycelia.entity import EventCheck, IngestResult, Refused
 from mycelia.errors import MyceliaError
 from mycelia.proto import Event
 
@@ -54,7 +60,8 @@ CommitMany = Callable[
     [list[list[Event]], Sequence[EventCheck | None], Sequence[int]], Awaitable[IngestResult]
 ]
 """Commit commits in one run, each checked by its own check, listeners told of each part
-(a count of commits: one peer's) apart; raises the first refusal and writes nothing then
+(a count of commits: one peer's) apart; writes nothing if it raises: a commit's own
+refusal as :class:`~mycelia.entity.Refused` if parts were given, else as it came
 (:meth:`mycelia.entity.Applier.commit_many`)."""
 
 
@@ -132,20 +139,29 @@ class CommitCombiner:
         self._next()
 
     async def _combined(self, taken: list[_Submission]) -> None:
-        """Commit ``taken`` in one run; if that is refused, each alone."""
-        if len(taken) == 1:
+        """Commit ``taken`` in one run; if a commit of it is refused, refuse its submission
+        and commit those before it and those after it, each group in one run; if the run
+        fails otherwise, each alone."""
+        while len(taken) > 1:
+            commits = [c for s in taken for c in s.commits]
+            checks = [s.check for s in taken for _ in s.commits]
+            parts = [len(s.commits) for s in taken]
+            try:
+                result = await self._commit_many(commits, checks, parts)
+            except Refused as refused:
+                culprit = bisect.bisect_right(list(itertools.accumulate(parts)), refused.index)
+                _fail(taken[culprit].outcome, refused.error)
+                await self._combined(taken[:culprit])  # (they passed: one run, once more)
+                taken = taken[culprit + 1 :]
+            except MyceliaError:  # not one commit's: each alone gets its own verdict
+                await asyncio.gather(*(self._alone(s) for s in taken))
+                return
+            else:
+                for submission in taken:
+                    _settle(submission.outcome, result)
+                return
+        if taken:
             await self._alone(taken[0])
-            return
-        commits = [c for s in taken for c in s.commits]
-        checks = [s.check for s in taken for _ in s.commits]
-        parts = [len(s.commits) for s in taken]
-        try:
-            result = await self._commit_many(commits, checks, parts)
-        except MyceliaError:  # one of them is refused: each alone gets its own verdict
-            await asyncio.gather(*(self._alone(s) for s in taken))
-        else:
-            for submission in taken:
-                _settle(submission.outcome, result)
 
     async def _alone(self, submission: _Submission) -> None:
         checks = [submission.check] * len(submission.commits)
