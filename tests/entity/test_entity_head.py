@@ -52,3 +52,17 @@ def test_setting_the_head_recomputes_its_top() -> None:
     assert entity.top_generation == 4
     entity.set_head({events[1].id: events[1].generation})
     assert entity.top_generation == 2
+
+
+def test_entities_with_the_same_one_tip_head_share_its_clock() -> None:
+    """Each client of a process that follows an entity holds its head: a head of one tip
+    is the shared clock of that id (:meth:`Clock.single`), moved there by one event or read
+    fresh, so a hundred clients keep one clock of it, not a hundred."""
+    dag, events = DagShape(((), (0,), (1,))).build()
+    linear, batched = (Entity.empty(dag.entity_id, dag.collection) for _ in range(2))
+    for event in events:
+        linear.advance([event])
+        assert linear.head is Clock.single(event.id)
+    batched.advance(events)
+    assert batched.head is linear.head, "read fresh"
+    assert Entity.empty(dag.entity_id, dag.collection).head == Clock()

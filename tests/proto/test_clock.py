@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mycelia.proto import clock as clock_module
 from mycelia.proto.clock import EMPTY_CLOCK, Clock
 from mycelia.proto.ids import EventId
 
@@ -49,3 +51,17 @@ def test_the_empty_clock_is_falsy_and_equal_to_any_empty_clock() -> None:
 def test_a_clock_never_equals_a_plain_tuple() -> None:
     x = EventId(b"\x01" * 32)
     assert Clock([x]) != (x,)
+
+
+def test_one_id_clocks_are_shared_within_a_bounded_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    one = EventId(b"\x01" * 32)
+    assert Clock.single(one) is Clock.single(EventId(bytes(one)))
+    assert Clock.single(one) == Clock([one])
+    assert hash(Clock.single(one)) == hash(Clock([one]))
+
+    monkeypatch.setattr(clock_module, "_SINGLES", {})
+    monkeypatch.setattr(clock_module, "SINGLES_CAP", 3)
+    for n in range(10):  # hostile ids cannot grow it: full, it starts over
+        event_id = EventId(bytes([n]) * 32)
+        assert list(Clock.single(event_id)) == [event_id]
+        assert len(clock_module._SINGLES) <= 3

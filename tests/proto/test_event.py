@@ -283,6 +283,7 @@ def test_decoded_events_share_the_id_objects_they_name_within_a_bounded_table(
     )
     first, second = Event.from_bytes(update.to_bytes()), Event.from_bytes(on_it.to_bytes())
     assert second.parent.ids[0] is first.id, "a parent is the object its event decoded to"
+    assert second.parent is Clock.single(first.id), "and one parent, the shared clock of it"
     assert second.entity_id is first.entity_id
     assert first.parent == update.parent
     assert second.parent == on_it.parent

@@ -180,7 +180,8 @@ class Entity:
         """The head clock."""
         clock = self._clock
         if clock is None:
-            clock = self._clock = Clock(self._head)
+            head = self._head
+            clock = self._clock = Clock.single(next(iter(head))) if len(head) == 1 else Clock(head)
             self._gens = tuple([self._head[i] for i in clock.ids])
         return clock
 
@@ -263,7 +264,7 @@ class Entity:
             if event.parent.ids == tuple(head) and tip not in head:
                 head.clear()
                 head[tip] = event.generation
-                self._clock = Clock._of_sorted((tip,))
+                self._clock = Clock.single(tip)
                 self._gens = (event.generation,)
                 self._top = event.generation
                 return

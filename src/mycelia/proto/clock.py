@@ -18,7 +18,7 @@ from typing import Final
 
 from mycelia.proto.ids import EventId
 
-__all__ = ["EMPTY_CLOCK", "Clock"]
+__all__ = ["EMPTY_CLOCK", "SINGLES_CAP", "Clock"]
 
 
 class Clock:
@@ -44,8 +44,14 @@ class Clock:
 
     @classmethod
     def single(cls, event_id: EventId) -> Clock:
-        """The clock holding one id."""
-        return cls._of_sorted((event_id,))
+        """The clock holding one id: the one shared clock of that id while a bounded table
+        remembers it (see :data:`SINGLES_CAP`)."""
+        clock = _SINGLES.get(event_id)
+        if clock is None:
+            if len(_SINGLES) >= SINGLES_CAP:
+                _SINGLES.clear()
+            clock = _SINGLES[event_id] = cls._of_sorted((event_id,))
+        return clock
 
     @property
     def ids(self) -> tuple[EventId, ...]:
@@ -116,3 +122,12 @@ class Clock:
 
 
 EMPTY_CLOCK: Final = Clock()
+
+SINGLES_CAP: Final = 8192
+"""How many one-id clocks :meth:`Clock.single` shares (the table is cleared when full). A
+linear history's head is one id, and so is each of its events' parents: every client of
+a process that follows an entity made its own clock (and tuple) of each new head, twice,
+and kept them, so each change left four more objects for full collections to walk at
+each client (W3's 100 clients a process). They are the same clocks at every client: one
+of each is shared. Engines decode on worker threads too: a race only costs a copy."""
+_SINGLES: dict[EventId, Clock] = {}

@@ -353,7 +353,7 @@ def _decode_canonical_update(fields: list[object], data: bytes, limits: Limits) 
     if total > limits.max_operation_bytes or pack(fields) != data:
         return None
     event_id = shared_event_id(_sha256(data).digest())
-    parent = Clock._of_sorted(tuple(ids))
+    parent = Clock.single(ids[0]) if len(ids) == 1 else Clock._of_sorted(tuple(ids))
     ops_t = tuple(ops)
     entity_id = shared_entity_id(entity)
     return _assemble(Event, (event_id, entity_id, collection, parent, ops_t, None, None, data))
@@ -399,7 +399,9 @@ def _decode_parent(raw: object, limits: Limits) -> tuple[Clock, bool]:
     if not parents:
         raise InvalidEvent("an update needs at least one parent (only a genesis has none)")
     ids = [shared_event_id(expect_bytes(p, "parent id", length=ID_LENGTH)) for p in parents]
-    if len(ids) == 1 or all(a < b for a, b in pairwise(ids)):
+    if len(ids) == 1:
+        return Clock.single(ids[0]), True
+    if all(a < b for a, b in pairwise(ids)):
         return Clock._of_sorted(tuple(ids)), True
     # Anything but the canonical order is normalised (and so hashes as the canonical
     # event would), never trusted as sent.
