@@ -1,5 +1,5 @@
 """Several commits in one run (``Applier.commit_many``): each checked against its own
-before and after, a refusal located when asked, and a commit made on the held head
+before and after, a refusal among several peers' commits named, and a commit made on the held head
 admitted without a lookup. Helpers and events as in ``test_applier``."""
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ async def test_grouped_commits_are_each_checked_against_their_own_before_and_aft
     assert await engine_content(store) == before
 
 
-async def test_a_refusal_located_names_the_commit_refused_and_nothing_is_written() -> None:
+async def test_a_refusal_among_peers_commits_names_the_commit_refused_and_nothing_is_written() -> (
+    None
+):
     a, note, applier, store, _ = await _with_note(durable=True)
     head = Clock([(await a.storage.events_of(note))[-1].id])
     first = _update(note, head, title="fine")
@@ -48,7 +50,7 @@ async def test_a_refusal_located_names_the_commit_refused_and_nothing_is_written
     seen: list[object] = []
     before = await engine_content(store)
     with pytest.raises(Refused) as refused:
-        await applier.commit_many([[first], [bad], [after]], check=_refusing(seen), locate=True)
+        await applier.commit_many([[first], [bad], [after]], check=_refusing(seen), parts=[2, 1])
     assert refused.value.index == 1
     assert isinstance(refused.value.error, PolicyDenied)
     assert seen == ["fine", "refused"], "checked after the first, as it left the entity"
@@ -56,7 +58,7 @@ async def test_a_refusal_located_names_the_commit_refused_and_nothing_is_written
     entity = await applier.load(note)
     assert entity is not None
     assert entity.head == head, "what the run had applied is gone from memory too"
-    result = await applier.commit_many([[first]], check=_refusing(seen), locate=True)
+    result = await applier.commit_many([[first]], check=_refusing(seen), parts=[1])
     assert [e.id for e in result.stored] == [first.id], "those before it pass again"
 
 

@@ -226,7 +226,6 @@ class Applier:
         *,
         check: EventCheck | Sequence[EventCheck | None] | None = None,
         parts: Sequence[int] = (),
-        locate: bool = False,
     ) -> IngestResult:
         """Commit several commits, in this order, in **one** storage write: one peer's, or
         several peers' combined (:mod:`mycelia.node.combining`).
@@ -235,12 +234,11 @@ class Applier:
         commits before it left them (so a check sees each commit's own before and after),
         and each must be complete (atomic: no event of it may wait for parents). ``check``
         is one check for every commit, or one per commit (each peer's credentials).
-        ``parts`` counts the commits of each peer, in order, when several peers' are
-        combined: listeners hear of each peer's changes apart, as if written alone. Raises
-        the first error and writes nothing then; with ``locate``, a commit's own refusal
-        (its admission, placement or check) comes as :class:`Refused`, naming its place.
-        Events that were waiting for these are applied afterwards.
-        """
+        ``parts`` counts each peer's commits, in order, when several peers' are combined:
+        listeners hear of each peer's changes apart, as if written alone, and a commit's
+        own refusal (admission, placement, check) comes as :class:`Refused`, naming its
+        place. Raises the first error and writes nothing then. Events that were waiting
+        for these are applied afterwards."""
         result = IngestResult()
         entities = {e.entity_id for commit in commits for e in commit}
         checks = check if isinstance(check, Sequence) else [check] * len(commits)
@@ -251,7 +249,7 @@ class Applier:
                 try:
                     await self._plan_one(events, check_one, run, result, earlier)
                 except MyceliaError as exc:
-                    if locate:
+                    if parts:  # several peers' commits: whose was refused?
                         raise Refused(index, exc) from exc
                     raise
                 if index + 1 in ends:

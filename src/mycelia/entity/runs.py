@@ -85,8 +85,8 @@ class IngestResult:
 
 
 class Refused(Exception):
-    """Commit ``index`` of a run of several (:meth:`Applier.commit_many` asked to locate
-    refusals) was refused with ``error``: the run wrote nothing, and the commits before it
+    """Commit ``index`` of a run of several peers' (:meth:`Applier.commit_many` given
+    ``parts``) was refused with ``error``: the run wrote nothing, and the commits before it
     passed, against the entities as the earlier ones left them."""
 
     def __init__(self, index: int, error: MyceliaError) -> None:

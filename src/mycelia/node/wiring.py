@@ -107,7 +107,7 @@ class Wiring:
         self._applier = self._new_applier()
         self._combiner = CommitCombiner(
             lambda commits, checks, parts: self._applier.commit_many(
-                commits, check=checks, parts=parts, locate=bool(parts)
+                commits, check=checks, parts=parts
             ),
             self._spawn,
         )
