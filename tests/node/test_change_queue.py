@@ -108,3 +108,24 @@ async def test_the_end_marker_follows_what_was_queued_and_stays_for_the_iterator
     assert added.added == [view]
     assert queue.take_all() == []
     assert await queue.get() is None
+
+
+async def test_a_set_nothing_waits_for_is_taken_as_emitted_and_an_empty_one_is_no_set() -> None:
+    queue: ChangeQueue[Card] = ChangeQueue()
+    node = await _node()
+    async with node.context().transaction() as trx:
+        one, two = trx.create(Card, rank=1), trx.create(Card, rank=2)
+    queue.start([])
+    await queue.get()
+    emitted = ChangeSet(added=[one])
+    queue.put(ChangeSet())
+    queue.put(emitted)
+    (taken,) = queue.take_all()
+    assert taken is emitted
+    assert queue.take_all() == []
+    queue.put(ChangeSet(added=[one]))
+    queue.put(ChangeSet(removed=[one], added=[two]))  # absorbs into the first, not taken
+    (merged,) = queue.take_all()
+    assert merged.added == [two]
+    assert not merged.removed
+    assert not merged.updated

@@ -77,6 +77,10 @@ class ChangeQueue(Generic[M]):
         self._ready: deque[ChangeSet[M] | None] = deque()
         self._waiting: dict[EntityId, tuple[_Kind, M]] | None = None
         """The newest set, not taken yet, as entity → (kind, view): it absorbs the next."""
+        self._emitted: ChangeSet[M] | None = None
+        """The newest set as it was emitted, while nothing absorbed into it: a reader that
+        keeps up takes it as it is (a live query names each entity once in a set, so
+        absorbing it into nothing would give it back)."""
         self._wake = asyncio.Event()
 
     def start(self, initial: list[M]) -> None:
@@ -87,18 +91,16 @@ class ChangeQueue(Generic[M]):
 
     def put(self, changes: ChangeSet[M]) -> None:
         """Queue a later set (``added``/``updated``/``removed``; it may be absorbed)."""
-        waiting = self._waiting if self._waiting is not None else {}
-        for kind, views in (
-            (_Kind.ADDED, changes.added),
-            (_Kind.UPDATED, changes.updated),
-            (_Kind.REMOVED, changes.removed),
-        ):
-            for view in views:
-                before = waiting.pop(view.id, (None, view))[0]
-                after = _FOLD[before, kind]
-                if after is not None:
-                    waiting[view.id] = (after, view)
-        self._waiting = waiting
+        if not changes:
+            return
+        if self._waiting is None and self._emitted is None:
+            self._emitted = changes  # (nothing to absorb it into: the reader keeps up)
+            self._wake.set()
+            return
+        emitted, self._emitted = self._emitted, None
+        if emitted is not None:
+            self._waiting = _absorbed({}, emitted)
+        self._waiting = _absorbed(self._waiting or {}, changes)
         self._wake.set()
 
     def end(self) -> None:
@@ -109,7 +111,7 @@ class ChangeQueue(Generic[M]):
 
     async def get(self) -> ChangeSet[M] | None:
         """The oldest set not taken (waits for one); ``None`` once ended."""
-        while not self._ready and not self._waiting:
+        while not self._ready and not self._waiting and self._emitted is None:
             self._wake.clear()
             await self._wake.wait()
         return self._take()
@@ -117,7 +119,7 @@ class ChangeQueue(Generic[M]):
     def take_all(self) -> list[ChangeSet[M]]:
         """Every set queued now, without waiting (the end marker stays queued)."""
         out = []
-        while self._ready or self._waiting:
+        while self._ready or self._waiting or self._emitted is not None:
             item = self._take()
             if item is None:
                 self._ready.appendleft(None)
@@ -132,6 +134,10 @@ class ChangeQueue(Generic[M]):
 
     def _seal(self) -> None:
         """Move the absorbing set into the ready line (nothing joins it afterwards)."""
+        emitted, self._emitted = self._emitted, None
+        if emitted is not None:
+            self._ready.append(emitted)
+            return
         waiting, self._waiting = self._waiting, None
         if not waiting:
             return
@@ -140,3 +146,20 @@ class ChangeQueue(Generic[M]):
         for kind, view in waiting.values():
             lists[kind].append(view)
         self._ready.append(out)
+
+
+def _absorbed(
+    waiting: dict[EntityId, tuple[_Kind, M]], changes: ChangeSet[M]
+) -> dict[EntityId, tuple[_Kind, M]]:
+    """``waiting`` once it absorbed ``changes``, entity by entity (see :data:`_FOLD`)."""
+    for kind, views in (
+        (_Kind.ADDED, changes.added),
+        (_Kind.UPDATED, changes.updated),
+        (_Kind.REMOVED, changes.removed),
+    ):
+        for view in views:
+            before = waiting.pop(view.id, (None, view))[0]
+            after = _FOLD[before, kind]
+            if after is not None:
+                waiting[view.id] = (after, view)
+    return waiting

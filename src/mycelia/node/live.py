@@ -289,12 +289,16 @@ class LiveQuery(Generic[M]):
                 self._leave(pushed, out)
         if matches:
             view = self._admit(after, views)
-            if previous is None:
+            if previous is not None:
+                # A member at another head (the same one returned above): a view equals
+                # one at another head never, so no comparison (a third of this method).
+                out.updated.append(view)
+            else:
                 previous = _take(out.removed, entity_id)  # pushed out earlier in the batch
                 if previous is None:
                     out.added.append(view)
-            if previous is not None and view != previous:  # a no-op delta emits nothing
-                out.updated.append(view)
+                elif view != previous:  # back as it was shown: nothing to emit
+                    out.updated.append(view)
         elif previous is not None:
             self._leave(entity_id, out)
         return True

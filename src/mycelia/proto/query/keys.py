@@ -102,6 +102,8 @@ def order_key(values: Mapping[str, object], order_by: Sequence[OrderKey]) -> byt
     Bytewise order of these keys is the ORDER BY order (nulls first in ASC, last in DESC);
     ties are for the caller to break (by entity id, see ``sort_rows``).
     """
+    if not order_by:
+        return b""  # (most live queries: every change computes its row's key)
     parts = []
     for key in order_by:
         encoded = encode_key(resolve_path(values, key.path))
