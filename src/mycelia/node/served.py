@@ -125,9 +125,12 @@ class ServedQueries:
             rows = self._read(standing, await self._rank(standing, lane))
         async for state in rows:
             held = known_heads.pop(state.entity_id, None)
-            delta = await delta_for(self._storage, state, held)
-            if delta is not None:
-                yield delta
+            if held is None:  # (a fresh peer's every row: the state as it is, no call)
+                yield Delta(state.entity_id, state.collection, True, state, ())
+            else:
+                delta = await delta_for(self._storage, state, held)
+                if delta is not None:
+                    yield delta
             members[state.entity_id] = state.state.head
         for entity_id, head in known_heads.items():
             entity = await self._entities.settled(entity_id)

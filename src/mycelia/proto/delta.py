@@ -55,7 +55,9 @@ class Delta(Record):
 
     def wire_size(self) -> int:
         """An upper bound of this delta's encoded size (what it takes of a frame)."""
-        size = 64 + len(self.collection) + sum(len(e.to_bytes()) + 5 for e in self.events)
+        size = 64 + len(self.collection)
+        if self.events:
+            size += sum([len(e.to_bytes()) + 5 for e in self.events])
         if self.state is not None:
             size += self.state.wire_size()
         return size + 39 * len(self.base or ())

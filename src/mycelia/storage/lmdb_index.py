@@ -22,8 +22,9 @@ Invariants:
   entries are found under the collection of the state that replaces it.
 - :func:`fetch_in` returns exactly ``sort_rows`` over the collection: candidates are a
   superset of the matching rows (see :mod:`mycelia.storage.plan`), the whole predicate is
-  evaluated on each, and the order is either the index walk of an ordered plan or
-  ``sort_rows`` itself.
+  evaluated on each, and the order is the index walk of an ordered plan, the ids as read
+  for a query with neither a plan nor ORDER BY (the collection's ids ascending: what
+  ``sort_rows`` gives them), or ``sort_rows`` itself.
 - With ``after`` (a keyset position) it returns the rows after it only. A query without
   ORDER BY reads the ids after it only and stops at its limit in id order (the
   collection's ids ascending; a plan's ids sorted first), and an ordered plan's walk
@@ -179,6 +180,8 @@ def fetch_in(
             kept[EntityId._trusted(entity_id)] = StoredState(stored_state(value, txn, dbs), values)
             if len(kept) == wanted:
                 break
+    if plan is None and not query.order_by:
+        return list(kept.values())  # read in id order from after ``after``, up to the limit
     rows = [(entity_id, stored.values) for entity_id, stored in kept.items()]
     everything = replace(query, predicate=MATCH_ALL.predicate)
     return [kept[i] for i, _ in sort_rows(rows, everything, after=after)]
