@@ -9,6 +9,7 @@ import itertools
 import os
 import random
 import time
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from mycelia.node.upstream import _deltas_of
 from mycelia.proto import EntityId
 from mycelia.proto.messages import Message, decode_frame, peek
 from mycelia.proto.peering import (
+    Delta,
     DeltasPage,
     DeltasResponse,
     ErrorResponse,
@@ -163,6 +165,46 @@ async def test_a_subscribe_answer_starts_small_and_doubles_up_to_the_answer_page
     for before, after in itertools.pairwise(pages):
         assert after > 1.8 * before or after > ANSWER_PAGE_BYTES * 0.95
     assert max(sizes) <= ANSWER_PAGE_BYTES + 4 * KIB
+    await peer.close()
+    await server.close()
+
+
+async def test_a_page_goes_out_once_one_more_row_like_its_last_would_not_fit(node: Node) -> None:
+    """Not when the next row comes: that one may need a storage read first. Rows sized so
+    that the first read's 16 fill the first page, and a 17th would not fit: the page goes
+    out while the second read is held."""
+    elsewhere = await Node.open(MemoryStorage(), durable=True)
+    await elsewhere.create_system()
+    (probe,) = await items(elsewhere, 1, KIB)
+    stored = (await elsewhere.storage.get_states([probe]))[probe]
+    overhead = Delta(probe, "items", True, stored, ()).wire_size() - KIB
+    await elsewhere.close()
+    await items(node, 40, FIRST_PAGE_BYTES // 16 - 16 - overhead)  # 16 fit, 17 do not
+    reads, held = 0, asyncio.Event()
+    fetch = node.storage.fetch
+
+    async def held_second_read(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        if reads == 2:
+            await held.wait()
+        return await fetch(*args, **kwargs)
+
+    node.storage.fetch = held_second_read  # type: ignore[method-assign]
+    server = await mycelia.serve(node, port=0)
+    peer = await RawPeer.open(server.url)
+    await peer.send(SubscribeRequest(peer.rid(), 1, "items", "", (), ()))
+    async with asyncio.timeout(10):
+        first = decode_frame(await peer.ws.recv())  # type: ignore[arg-type]
+    assert isinstance(first, DeltasPage)
+    assert len(first.deltas) == 16  # the first read's rows
+    assert reads == 2  # the second read is waiting
+    held.set()
+    states = len(first.deltas)
+    async with asyncio.timeout(10):
+        while not isinstance(msg := decode_frame(await peer.ws.recv()), DeltasResponse):  # type: ignore[arg-type]
+            states += len(msg.deltas)  # type: ignore[attr-defined]
+    assert states + len(msg.deltas) == 40
     await peer.close()
     await server.close()
 
