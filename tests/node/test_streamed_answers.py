@@ -180,13 +180,14 @@ async def test_a_page_goes_out_once_one_more_row_like_its_last_would_not_fit(nod
     overhead = Delta(probe, "items", True, stored, ()).wire_size() - KIB
     await elsewhere.close()
     await items(node, 40, FIRST_PAGE_BYTES // 16 - 16 - overhead)  # 16 fit, 17 do not
-    reads, held = 0, asyncio.Event()
+    reads, second, held = 0, asyncio.Event(), asyncio.Event()
     fetch = node.storage.fetch
 
     async def held_second_read(*args: Any, **kwargs: Any) -> Any:
         nonlocal reads
         reads += 1
         if reads == 2:
+            second.set()
             await held.wait()
         return await fetch(*args, **kwargs)
 
@@ -198,7 +199,8 @@ async def test_a_page_goes_out_once_one_more_row_like_its_last_would_not_fit(nod
         first = decode_frame(await peer.ws.recv())  # type: ignore[arg-type]
     assert isinstance(first, DeltasPage)
     assert len(first.deltas) == 16  # the first read's rows
-    assert reads == 2  # the second read is waiting
+    async with asyncio.timeout(10):
+        await second.wait()  # the second read began, and waits
     held.set()
     states = len(first.deltas)
     async with asyncio.timeout(10):

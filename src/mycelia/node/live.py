@@ -290,8 +290,8 @@ class LiveQuery(Generic[M]):
         if matches:
             view = self._admit(after, views)
             if previous is not None:
-                # A member at another head (the same one returned above): a view equals
-                # one at another head never, so no comparison (a third of this method).
+                # A member whose head moved (one that did not returned above): views at
+                # different heads are never equal, so nothing to compare.
                 out.updated.append(view)
             else:
                 previous = _take(out.removed, entity_id)  # pushed out earlier in the batch
