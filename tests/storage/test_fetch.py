@@ -218,7 +218,8 @@ async def test_keyset_pages_in_a_plans_order_are_exact_across_ties(
     """A result read a page at a time from each page's last row (``After.row``) is the
     whole result, in order, whatever the order: ascending or descending on the planned
     field (many rows per key: a page ends inside a key's run of ids), by id, or by an
-    unplanned field."""
+    unplanned field; and with neither a plan nor ORDER BY (LMDB then returns the ids in
+    the order it read them, after the page's last one)."""
     engine = await engine_spec.fresh()
     try:
         states = tuple(
@@ -232,6 +233,8 @@ async def test_keyset_pages_in_a_plans_order_are_exact_across_ties(
             "x IN (1, 3, 6) ORDER BY x DESC",
             "x < 4",
             "x > 0 ORDER BY s DESC",
+            "",
+            "x = 1 OR s = '2'",
         ):
             query = parse(text)
             whole = await fetch_matches_scan(engine, "items", query, name=engine_spec.name)
