@@ -79,11 +79,7 @@ from mycelia.proto import (
     Event,
     EventId,
 )
-from mycelia.retrieval import (
-    EntityStore,
-    RemoteEvents,
-    StagingMap,
-)
+from mycelia.retrieval import EntityStore, RemoteEvents, StagingMap
 
 __all__ = ["Applier", "EntityChange", "EventCheck", "ForkBase", "IngestResult"]
 

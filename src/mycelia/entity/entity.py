@@ -182,7 +182,7 @@ class Entity:
         if clock is None:
             head = self._head
             clock = self._clock = Clock.single(next(iter(head))) if len(head) == 1 else Clock(head)
-            self._gens = tuple([self._head[i] for i in clock.ids])
+            self._gens = tuple([head[i] for i in clock.ids])
         return clock
 
     @property
