@@ -24,7 +24,6 @@ failure is retried with backoff, forever, until :meth:`Connection.close`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import re
@@ -53,6 +52,7 @@ from mycelia.node.link import ConnectionState, Link
 from mycelia.node.peer import PeerConnection
 from mycelia.node.ports import MakeRequest, Session
 from mycelia.node.progress import Slow
+from mycelia.node.tasks import stop
 from mycelia.node.transport import Transport, WebsocketTransport
 from mycelia.proto import Limits
 from mycelia.proto.messages import Message
@@ -164,9 +164,7 @@ class Connection:
         await self._link.set_state(ConnectionState.CLOSED)
         session = self._link.session
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop(self._task)
         if session is not None:
             await session.close()
         await self._finish()

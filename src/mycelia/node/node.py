@@ -405,12 +405,14 @@ class Node(Wiring):
         self._closed = True
         for live in list(self._parts.live.opened):
             live.end()
-        if self._connection is not None:
-            await self._connection.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await self._storage.close()
-        self._residents.clear()  # (freed now: the node's parts hold one another in cycles)
+        try:
+            if self._connection is not None:
+                await self._connection.close()
+        finally:  # a close that is cancelled still lets go of the storage, then re-raises
+            for task in list(self._tasks):
+                task.cancel()
+            await self._storage.close()
+            self._residents.clear()  # (freed now: the node's parts hold one another in cycles)
 
     async def __aenter__(self) -> Node:
         return self

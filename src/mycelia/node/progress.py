@@ -17,13 +17,14 @@ sync (a connection's preparation, a live query's first result). Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Final
+
+from mycelia.node.tasks import stop
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
@@ -197,9 +198,7 @@ class Slow:
         tb: TracebackType | None,
     ) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop(self._task)
         if self._progress is not None:
             elapsed = asyncio.get_running_loop().time() - self._started
             outcome = "done" if exc_type is None else "cut short"

@@ -56,6 +56,7 @@ from mycelia.node.listen import bind
 from mycelia.node.metrics import ConnectionMeter, Metrics
 from mycelia.node.peer import HANDSHAKE_TIMEOUT, OUTGOING_FRAMES, PeerConnection
 from mycelia.node.policy import NamesSubjects
+from mycelia.node.tasks import stop
 from mycelia.node.transport import Transport, WebsocketTransport, close_reason
 from mycelia.node.wiretap import MeteredTransport
 
@@ -136,9 +137,7 @@ async def _drive(node: Node, peer: PeerConnection, meter: ConnectionMeter) -> No
         await runner
     finally:
         if not runner.done():
-            runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner
+            await stop(runner)
 
 
 def _subject(node: Node, peer: PeerConnection) -> str:
