@@ -67,7 +67,8 @@ class Context:
         Raises EntityNotFound if it is unknown (here, and on the durable peer when
         connected), not a ``model``, deleted, or not readable with these credentials;
         InvalidArgument if ``entity_id`` is not an EntityId (a ``str`` one: parse it with
-        ``EntityId.from_base64``).
+        ``EntityId.from_base64``); ConnectionClosed if the connection dropped while the
+        durable peer was asked (its answer is lost: try again).
         """
         parts = self._parts.transactions
         parts.check_open()
@@ -92,7 +93,8 @@ class Context:
         """A one-shot query: the matching entities' views, in query order.
 
         Raises QueryError for a bad query, one naming a field ``model`` does not declare,
-        or a value of the wrong type for its field; InvalidArgument for bad arguments.
+        or a value of the wrong type for its field; InvalidArgument for bad arguments;
+        ConnectionClosed if the connection dropped while the durable peer was asked.
         """
         parts = self._parts.transactions
         parts.check_open()

@@ -235,7 +235,8 @@ class Transaction:
         Reads through like ``ctx.get``: a connected ephemeral node asks its durable peer
         first, unless the entity is held and kept current by a live query. Raises
         EntityNotFound if the entity is unknown (here, and on the peer when connected),
-        deleted, or not a ``model``.
+        deleted, or not a ``model``; ConnectionClosed if the connection dropped while the
+        peer was asked (its answer is lost: try again).
         """
         self._check_open()
         entity_id = check_entity_id(model, entity_id)
