@@ -63,6 +63,17 @@ async def test_connect_refuses_a_url_that_is_not_a_websocket_url_at_once(
     await node.close()  # nothing was started: closing raises nothing
 
 
+async def test_connect_refuses_a_token_given_as_text_at_once() -> None:
+    """The CLI prints tokens as text; passed as it is, the server closed each handshake
+    on a DecodeError and wait_ready timed out with the cause inside its message."""
+    node = await client()
+    text = "eyJ0b2tlbiI6ICJub3QgYnl0ZXMifQ"
+    with pytest.raises(InvalidArgument, match=r"decode_token\(text\)"):
+        await mycelia.connect(node, "ws://127.0.0.1:9797", token=text)  # type: ignore[arg-type]
+    await node.wait_ready(timeout=0.1)  # nothing was attached: no connection to wait for
+    await node.close()
+
+
 async def test_wait_ready_with_nothing_listening_names_the_state_and_the_refusal() -> None:
     node = await client()
     await mycelia.connect(node, f"ws://127.0.0.1:{free_port()}", min_backoff=0.01)

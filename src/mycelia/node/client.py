@@ -375,9 +375,15 @@ async def connect(
     opening handshake and each request, and is how long the commit pipeline waits on a
     silent server for a commit's answer before it pushes its owed commits again on a new
     session (ARCHITECTURE.md §7). Raises InvalidArgument for a URL that is not a websocket
-    URL, no URL, or ``ssl`` with a ``ws://`` one.
+    URL, no URL, ``ssl`` with a ``ws://`` one, or a token that is not bytes.
     """
     urls = _checked_urls(url, ssl=ssl)
+    if token is not None and not isinstance(token, bytes):
+        raise InvalidArgument(
+            f"the token is a {type(token).__name__}, not bytes: pass the bytes "
+            "TokenIssuer.issue returned, or decode the text 'mycelia token issue' prints "
+            "with mycelia.node.tokens.decode_token(text)"
+        )
     dial_one = partial(
         _dial_websocket,
         limits=node.limits,
