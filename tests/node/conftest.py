@@ -78,15 +78,22 @@ async def client(server: tuple[Node, Server]) -> AsyncIterator[NodeFactory]:
 
 
 @pytest.fixture
-async def in_process() -> AsyncIterator[tuple[Node, Node]]:
-    """A durable server node and an ephemeral client connected to it in process."""
+async def in_process_server() -> AsyncIterator[tuple[Node, InProcessServer, Node]]:
+    """A durable server node, its in-process server, and an ephemeral client connected."""
     server_node = await Node.open(MemoryStorage(), durable=True)
     await server_node.create_system()
     server = InProcessServer(server_node)
     client = await Node.open(MemoryStorage(), durable=False)
     server.connect(client)
     await client.wait_ready(timeout=10)
-    yield server_node, client
+    yield server_node, server, client
     await client.close()
     await server.close()
     await server_node.close()
+
+
+@pytest.fixture
+def in_process(in_process_server: tuple[Node, InProcessServer, Node]) -> tuple[Node, Node]:
+    """A durable server node and an ephemeral client connected to it in process."""
+    server_node, _, client = in_process_server
+    return server_node, client

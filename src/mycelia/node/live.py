@@ -144,7 +144,15 @@ class LiveQuery(Generic[M]):
 
     async def _start(self) -> list[M]:
         await self._parts.follow.follow(self)  # what the peer sends now is buffered
+        self._raise_refusal()
         return await self._load()
+
+    def _raise_refusal(self) -> None:
+        """Raise why the durable peer refused to mirror this query, if it just did (it
+        ended the query: opening or changing it raises that, rather than leave a result
+        that looks current and never changes)."""
+        if not self._open and self._error is not None:
+            raise self._error
 
     async def __aexit__(
         self,
@@ -178,13 +186,15 @@ class LiveQuery(Generic[M]):
     async def update_query(self, text: str, *args: object) -> None:
         """Change the query in place: the next change set moves the result to the new one.
 
-        Raises QueryError (as ``ctx.query`` does) and leaves the query as it was."""
+        Raises QueryError (as ``ctx.query`` does) and leaves the query as it was; raises
+        the durable peer's refusal to mirror the new query, which ends it."""
         self._parts.check_open()
         self.query = _checked(self.model, text, args)
         self._predicate = compile_predicate(self.query.predicate)
         self.text, self.args = text, args
         self._parts.watch.reindex(self)
         await self._parts.follow.resubscribe(self)
+        self._raise_refusal()
         await self.refresh()
 
     def __aiter__(self) -> AsyncIterator[ChangeSet[M]]:

@@ -25,8 +25,9 @@ over several frames), and answering from here would pass a partial or empty resu
 as the peer's.
 
 A subscription the peer ends (:class:`~mycelia.proto.peering.SubscriptionEnded`: the
-credentials expired, say) is not mirrored again; its live query is told the typed error
-when it can take one (:class:`Ends`).
+credentials expired, say) or refuses (a peer holding its most subscriptions, say) is not
+mirrored again; its live query is told the typed error when it can take one
+(:class:`Ends`), and one being opened raises it.
 """
 
 from __future__ import annotations
@@ -254,11 +255,15 @@ class Upstream:
         return unplaced or every
 
     def _ended(self, ended: SubscriptionEnded) -> None:
-        live: object = self._following.pop(ended.query_id, None)
         error = remote(ended.code, ended.text)
-        log.warning(
-            "the durable peer ended the subscription of query %s: %s", ended.query_id, error
-        )
+        self._unmirrored(ended.query_id, "ended the subscription of", error)
+
+    def _unmirrored(self, query_id: int, what: str, error: MyceliaError) -> None:
+        """The durable peer will not mirror a query: it is not asked again, and its live
+        query is told why (a live query kept open unmirrored would look current and never
+        change again)."""
+        live: object = self._following.pop(query_id, None)
+        log.warning("the durable peer %s query %s: %s", what, query_id, error)
         if isinstance(live, Ends):
             live.end(error)
 
@@ -350,8 +355,8 @@ class Upstream:
                     deltas = None if part is None else _deltas_of(part)
                 except (ConnectionClosed, RequestTimeout):
                     return  # the session is ending: the next one subscribes again
-                except MyceliaError as exc:
-                    log.warning("could not subscribe query %s on the durable peer: %s", qid, exc)
+                except MyceliaError as exc:  # refused: asking again would be refused again
+                    self._unmirrored(qid, "refused to mirror", exc)
                     return
                 if deltas is None:
                     break
