@@ -16,7 +16,7 @@ import pytest
 import mycelia
 from mycelia import Model, Node
 from mycelia.errors import PayloadTooLarge, QueryError, RemoteProtocolError, RequestTimeout
-from mycelia.node import outstanding
+from mycelia.node import outstanding, served
 from mycelia.node.budget import ANSWER_PAGE_BYTES, FIRST_PAGE_BYTES
 from mycelia.node.outstanding import Outstanding, Streamed
 from mycelia.node.transport import Transport, memory_pair
@@ -169,10 +169,13 @@ async def test_a_subscribe_answer_starts_small_and_doubles_up_to_the_answer_page
     await server.close()
 
 
-async def test_a_page_goes_out_once_one_more_row_like_its_last_would_not_fit(node: Node) -> None:
+async def test_a_page_goes_out_once_one_more_row_like_its_last_would_not_fit(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Not when the next row comes: that one may need a storage read first. Rows sized so
-    that the first read's 16 fill the first page, and a 17th would not fit: the page goes
+    that a first read of 16 fills the first page, and a 17th would not fit: the page goes
     out while the second read is held."""
+    monkeypatch.setattr(served, "_FIRST_READ", 16)  # (a read that ends on a full page)
     elsewhere = await Node.open(MemoryStorage(), durable=True)
     await elsewhere.create_system()
     (probe,) = await items(elsewhere, 1, KIB)

@@ -66,8 +66,13 @@ PAGE_LIMIT: Final = 1024 * 1024
 READ_BYTES: Final = ANSWER_PAGE_BYTES
 """About how many bytes of states an answer reads from storage at once (after its first
 read): about one of its pages, so a page goes out while the next is read."""
-_FIRST_READ: Final = 16
-"""How many rows an answer's first read takes (the next ones are sized by their bytes)."""
+_FIRST_READ: Final = 1
+"""How many rows an answer's first read takes: one, whose bytes size the next read. (Rows
+may be as large as an entity, 4 MiB less 64 KiB: a first read of 16 held a fresh
+subscriber's 16 largest rows at once, 8 subscribers of 12 such rows 1.4 GB.)"""
+_RAMP: Final = 64
+"""Rows a read may take whatever the last one took (bytes permitting): small rows reach
+about a page at the second read."""
 
 
 @dataclass(slots=True)
@@ -240,8 +245,9 @@ class ServedQueries:
         """The result of a light query without LIMIT, read from storage a page at a time
         (keyset paging, ``fetch(..., after=...)``, in :func:`_paging_order`): the first
         page is on the wire before the rest is read, and an answer holds about one page
-        however large its result is. The first page takes :data:`_FIRST_READ` rows, each
-        next one about twice as many, up to about :data:`READ_BYTES`. Rows the peer may not
+        however large its result is, and however large its rows. The first read takes
+        :data:`_FIRST_READ` row, each next one about twice as many (at least
+        :data:`_RAMP`), up to about :data:`READ_BYTES`. Rows the peer may not
         read are skipped; a row committed to after its page was read reaches the
         subscription after the answer (see :mod:`mycelia.node.serving`)."""
         collection, credentials = standing.collection, standing.credentials
@@ -377,8 +383,8 @@ def _paging_order(query: Query) -> Query:
 
 def _next_read(count: int, size: int) -> int:
     """How many rows the next read takes after one of ``count`` rows and ``size`` bytes:
-    twice as many, up to about :data:`READ_BYTES`."""
-    return max(1, min(2 * count, count * READ_BYTES // max(size, 1)))
+    twice as many (at least :data:`_RAMP`), up to about :data:`READ_BYTES`."""
+    return max(1, min(max(2 * count, _RAMP), count * READ_BYTES // max(size, 1)))
 
 
 def _small(change: EntityChange) -> bool:
