@@ -378,12 +378,6 @@ async def connect(
     URL, no URL, ``ssl`` with a ``ws://`` one, or a token that is not bytes.
     """
     urls = _checked_urls(url, ssl=ssl)
-    if token is not None and not isinstance(token, bytes):
-        raise InvalidArgument(
-            f"the token is a {type(token).__name__}, not bytes: pass the bytes "
-            "TokenIssuer.issue returned, or decode the text 'mycelia token issue' prints "
-            "with mycelia.node.tokens.decode_token(text)"
-        )
     dial_one = partial(
         _dial_websocket,
         limits=node.limits,

@@ -350,8 +350,15 @@ class Node(Wiring):
     ) -> Connection:
         """Reach this node's durable peer through ``dial`` from now on (``connect`` calls
         this). Raises LocalProtocolError if the node has a connection that is not CLOSED
-        (one that was closed, or refused for good, is replaced)."""
+        (one that was closed, or refused for good, is replaced), InvalidArgument for a
+        token that is not bytes."""
         self._check_open()
+        if token is not None and not isinstance(token, bytes):
+            raise InvalidArgument(
+                f"the token is a {type(token).__name__}, not bytes: pass the bytes "
+                "TokenIssuer.issue returned, or decode the text 'mycelia token issue' prints "
+                "with mycelia.node.tokens.decode_token(text)"
+            )
         previous = self._connection
         if previous is not None:
             if previous.state is not ConnectionState.CLOSED:
