@@ -13,9 +13,9 @@ import pytest
 
 from mycelia import EntityId, Model, Node
 from mycelia.node import upstream
+from mycelia.node.inbox import Inboxed, next_step
 from mycelia.node.inprocess import InProcessServer
 from mycelia.node.session import Pushed
-from mycelia.node.upstream import Inboxed
 from mycelia.proto import DEFAULT_LIMITS
 from mycelia.proto.codec import pack
 from mycelia.proto.messages import encode_frame
@@ -139,14 +139,13 @@ async def test_a_worker_waiting_for_more_holds_nothing_it_applied(
     # A hundred clients in one process each kept their last step's decoded updates while
     # idle: objects the garbage collector visited on every full collection.
     taken: list[SubscriptionUpdate | SubscriptionEnded] = []
-    next_step = upstream._next_step
 
     def noted(inbox: list[Inboxed]) -> list[SubscriptionUpdate | SubscriptionEnded]:
         step = next_step(inbox)
         taken.extend(step)
         return step
 
-    monkeypatch.setattr(upstream, "_next_step", noted)
+    monkeypatch.setattr(upstream, "next_step", noted)
     async with (
         _served() as (server_node, client, entity),
         client.context().query(Item, "") as live,
@@ -205,7 +204,7 @@ async def test_a_step_is_a_run_of_event_updates_and_an_update_with_a_state_stand
     ]  # fmt: skip
     steps = []
     while inbox:
-        steps.append(upstream._next_step(inbox))
+        steps.append(next_step(inbox))
     assert steps == [
         [events(1), events(2)],  # events of several queries: together
         [with_state],  # a state: alone, after the updates before it

@@ -22,7 +22,9 @@ Offline (no session, or one not ready yet) everything answers from what is here.
 read-through whose request was sent and whose connection then closed raises
 :class:`~mycelia.errors.ConnectionClosed`: the answer was lost (it may have been paged
 over several frames), and answering from here would pass a partial or empty result off
-as the peer's.
+as the peer's. A subscription the peer does not answer in time ends the session, as a
+dead peer's would: the next one subscribes again (going on with this one would leave the
+query unmirrored, looking current).
 
 A subscription the peer ends (:class:`~mycelia.proto.peering.SubscriptionEnded`: the
 credentials expired, say) or refuses (a peer holding its most subscriptions, say) is not
@@ -52,9 +54,9 @@ from mycelia.errors import (
 )
 from mycelia.node.commits import CommitPipeline
 from mycelia.node.deltas import query_rows
+from mycelia.node.inbox import Inboxed, next_step
 from mycelia.node.link import Link
 from mycelia.node.ports import MakeRequest, Session, Standing
-from mycelia.node.session import Pushed
 from mycelia.proto import Clock, EntityId, Event, EventId
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
@@ -165,7 +167,7 @@ class Upstream:
         task of the connection; later ones return ``None`` (that work takes them).
 
         Updates read while earlier ones are being applied wait in order, and the next step
-        applies every waiting one together (:func:`_next_step`): one ingest, one storage
+        applies every waiting one together (:func:`next_step`): one ingest, one storage
         write per entity, one change set per live query. So a subscriber that falls behind
         catches up in fewer, larger steps; one that keeps up applies each update alone, as
         it comes.
@@ -207,7 +209,7 @@ class Upstream:
         holds nothing of what it applied, which a hundred clients in one process would keep
         for the garbage collector to visit.)"""
         try:
-            step = _next_step(self._inbox)
+            step = next_step(self._inbox)
         except MyceliaError as exc:  # a malformed frame: its session ends
             self._inbox.clear()
             await self._reconnect(f"the durable peer pushed a malformed update ({exc})")
@@ -353,8 +355,12 @@ class Upstream:
                 try:  # the answer's own failures
                     part = await anext(parts, None)
                     deltas = None if part is None else _deltas_of(part)
-                except (ConnectionClosed, RequestTimeout):
+                except ConnectionClosed:
                     return  # the session is ending: the next one subscribes again
+                except RequestTimeout as exc:  # (see the module docstring)
+                    log.warning("no answer to subscribing query %s: reconnecting (%s)", qid, exc)
+                    await session.close()
+                    return
                 except MyceliaError as exc:  # refused: asking again would be refused again
                     self._unmirrored(qid, "refused to mirror", exc)
                     return
@@ -452,43 +458,12 @@ class Upstream:
         return changes
 
 
-Inboxed = SubscriptionUpdate | SubscriptionEnded | Pushed
-"""What waits in the inbox: an update read from the connection is still its frame."""
-
-
-def _next_step(inbox: list[Inboxed]) -> list[SubscriptionUpdate | SubscriptionEnded]:
-    """Take the next step off ``inbox``: the end of a subscription alone; an update that
-    carries a state alone (its base is a head this node holds after the updates before
-    it); else the run of updates that carry events only, applied together (in order:
-    parents before children). The updates it looks at are decoded now, as they are about
-    to be applied (see :class:`~mycelia.node.session.Pushed`); raises the DecodeError of a
-    malformed one, taking nothing off the inbox."""
-    step = [_decoded(inbox, 0)]
-    if _events_only(step[0]):
-        while len(step) < len(inbox) and _events_only(update := _decoded(inbox, len(step))):
-            step.append(update)
-    del inbox[: len(step)]
-    return step
-
-
-def _decoded(inbox: list[Inboxed], at: int) -> SubscriptionUpdate | SubscriptionEnded:
-    """The update at ``at``, decoded in its place if it is still its frame."""
-    update = inbox[at]
-    if isinstance(update, Pushed):
-        update = inbox[at] = update.decode()
-    return update
-
-
 def _deltas_of(part: Message) -> tuple[Delta, ...]:
     """The deltas of one page, or of the final response, of a deltas answer
     (RemoteProtocolError for anything else)."""
     if isinstance(part, DeltasPage):
         return part.deltas
     return expect_response(part, DeltasResponse).deltas
-
-
-def _events_only(update: SubscriptionUpdate | SubscriptionEnded) -> bool:
-    return isinstance(update, SubscriptionUpdate) and all(d.state is None for d in update.deltas)
 
 
 def _ask_events(ids: tuple[EventId, ...]) -> MakeRequest:
