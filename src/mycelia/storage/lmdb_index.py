@@ -24,7 +24,8 @@ Invariants:
   superset of the matching rows (see :mod:`mycelia.storage.plan`), the whole predicate is
   evaluated on each, and the order is the index walk of an ordered plan, the ids as read
   for a query with neither a plan nor ORDER BY (the collection's ids ascending: what
-  ``sort_rows`` gives them), or ``sort_rows`` itself.
+  ``sort_rows`` gives them), or ``sort_rows`` itself, fed one row at a time: a LIMIT holds
+  about its limit's rows however many it ranks, and only the result's states are decoded.
 - With ``after`` (a keyset position) it returns the rows after it only. A query without
   ORDER BY reads the ids after it only and stops at its limit in id order (the
   collection's ids ascending; a plan's ids sorted first), and an ordered plan's walk
@@ -41,14 +42,11 @@ import hashlib
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from mycelia.errors import StorageCorrupt
-from mycelia.proto import EntityId
 from mycelia.proto.ids import ID_LENGTH
 from mycelia.proto.query import (
-    MATCH_ALL,
     After,
     Placeholder,
     Query,
@@ -167,24 +165,58 @@ def fetch_in(
         wanted = -1
         if not query.order_by and isinstance(query.limit, int):  # a page: its first ids
             candidates, wanted = sorted(set(_bounded(candidates, budget))), query.limit
-    states, matches = dbs[b"states"], compile_predicate(query.predicate)
-    kept: dict[EntityId, StoredState] = {}
-    for entity_id in _bounded(candidates, budget):
-        value = txn.get(entity_id, db=states)
+    read = _Reader(txn, dbs, collection, indexed=plan is not None)
+    candidates = _bounded(candidates, budget)
+    if not query.order_by and (plan is None or wanted >= 0):  # ids ascending, to the limit
+        return read.first(candidates, query, wanted)
+    # Ordered here, as read: a row ranked out is let go at once, and only the result's
+    # states are decoded (a LIMIT over a large collection holds about its LIMIT's rows).
+    ranked = sort_rows(read.values(candidates), query, after=after)
+    return [read.row(entity_id, values) for entity_id, values in ranked]
+
+
+class _Reader:
+    """Reads the states of candidate ids for :func:`fetch_in` (``indexed``: the ids come
+    from the field index, so each must have a state)."""
+
+    def __init__(self, txn: Txn, dbs: Databases, collection: str, *, indexed: bool) -> None:
+        self._txn, self._dbs, self._states = txn, dbs, dbs[b"states"]
+        self._collection, self._indexed = collection, indexed
+
+    def first(self, ids: Iterable[bytes], query: Query, wanted: int) -> list[StoredState]:
+        """The rows of ``ids`` matching ``query``, in their order, at most ``wanted``
+        (all of them for -1)."""
+        matches, found = compile_predicate(query.predicate), []
+        for entity_id in ids:
+            value = self._get(entity_id)
+            if value is None:
+                continue
+            values = stored_values(value)
+            if matches(values):  # each row decoded whole as it is read: no copy of them all
+                found.append(StoredState(stored_state(value, self._txn, self._dbs), values))
+                if len(found) == wanted:
+                    break
+        return found
+
+    def values(self, ids: Iterable[bytes]) -> Iterator[tuple[bytes, Mapping[str, object]]]:
+        """The values of each of ``ids``, read one at a time."""
+        for entity_id in ids:
+            value = self._get(entity_id)
+            if value is not None:
+                yield entity_id, stored_values(value)
+
+    def row(self, entity_id: bytes, values: Mapping[str, object]) -> StoredState:
+        """The stored state of ``entity_id`` (read before in this transaction)."""
+        value = self._get(entity_id)
         if value is None:
-            if plan is not None:
-                raise StorageCorrupt(f"the field index of {collection!r} names a missing state")
-            continue
-        values = stored_values(value)
-        if matches(values):  # each row decoded whole as it is read: no copy of them all
-            kept[EntityId._trusted(entity_id)] = StoredState(stored_state(value, txn, dbs), values)
-            if len(kept) == wanted:
-                break
-    if plan is None and not query.order_by:
-        return list(kept.values())  # read in id order from after ``after``, up to the limit
-    rows = [(entity_id, stored.values) for entity_id, stored in kept.items()]
-    everything = replace(query, predicate=MATCH_ALL.predicate)
-    return [kept[i] for i, _ in sort_rows(rows, everything, after=after)]
+            raise StorageCorrupt(f"a state of {self._collection!r} went missing in a read")
+        return StoredState(stored_state(value, self._txn, self._dbs), values)
+
+    def _get(self, entity_id: bytes) -> bytes | None:
+        value: bytes | None = self._txn.get(entity_id, db=self._states)
+        if value is None and self._indexed:
+            raise StorageCorrupt(f"the field index of {self._collection!r} names a missing state")
+        return value
 
 
 def _walk_in_order(

@@ -370,8 +370,8 @@ def sorted_states(
     """``sort_rows`` over (entity id, key, state, values msgpack) rows (those after the
     position ``after``), states decoded last."""
     states = {EntityId._trusted(bytes(e)): st for e, _, st, _ in rows}
-    values = [(EntityId._trusted(bytes(e)), decode_values(raw)) for e, _, _, raw in rows]
-    ordered = sort_rows(values, query, after=after)
+    values = ((EntityId._trusted(bytes(e)), decode_values(raw)) for e, _, _, raw in rows)
+    ordered = sort_rows(values, query, after=after)  # (values decoded as ranked, then let go)
     return [StoredState(decode_state(states[e]), v) for e, v in ordered]
 
 

@@ -7,7 +7,8 @@ Invariants:
   evaluates the compiled form of the predicate, which a property test holds equal to
   :func:`~mycelia.proto.query.evaluate.evaluate`.
 - Rows are ordered by their :func:`~mycelia.proto.query.keys.order_key` bytes, then by id
-  bytes ascending; LIMIT keeps the first ``limit`` rows of that order.
+  bytes ascending; LIMIT keeps the first ``limit`` rows of that order, and holds no more
+  than that many of the rows while it reads them.
 - An :class:`After` is a keyset position in that order: with one, only the rows whose
   (order key, id) sorts after it are kept, before LIMIT. Reading a result a page at a time,
   each page's last row (:meth:`After.row`) is the next page's position; a row sorts after
@@ -58,20 +59,22 @@ def sort_rows(
     if query.placeholders:
         raise InvalidArgument("the query has an unbound '?': call Query.bind first")
     matches, order_by = compile_predicate(query.predicate), query.order_by
-    keyed = [
+    keyed: Iterable[tuple[bytes, bytes, IdT, RowT]] = (
         (order_key(values, order_by), bytes(row_id), row_id, values)
         for row_id, values in rows
         if matches(values)
-    ]
+    )
     if after is not None:
-        keyed = [entry for entry in keyed if (entry[0], entry[1]) > after]
+        keyed = (entry for entry in keyed if (entry[0], entry[1]) > after)
     limit = query.limit
     assert not isinstance(limit, Placeholder)
+    # Taken as ``rows`` yields them: with a LIMIT only that many are held at once (an
+    # engine's rows can be a whole collection read one at a time).
     if limit is None:
-        keyed.sort(key=_sort_key)
+        ordered = sorted(keyed, key=_sort_key)
     else:
-        keyed = heapq.nsmallest(limit, keyed, key=_sort_key)
-    return [(row_id, values) for _, _, row_id, values in keyed]
+        ordered = heapq.nsmallest(limit, keyed, key=_sort_key)
+    return [(row_id, values) for _, _, row_id, values in ordered]
 
 
 def _sort_key(entry: tuple[bytes, bytes, object, object]) -> tuple[bytes, bytes]:
