@@ -45,6 +45,7 @@ from mycelia.node.deltas import (
     LIGHT_TERMS,
     delta_for,
     live_only,
+    query_rows,
     served_rows,
 )
 from mycelia.node.policy import Credentials, PolicyAgent
@@ -56,6 +57,7 @@ from mycelia.proto.peering import Delta, KnownEntity
 from mycelia.proto.query import After, OrderKey, Query, evaluate, order_key
 from mycelia.proto.query.compile import Compiled, compile_predicate
 from mycelia.proto.query.syntax import cost
+from mycelia.retrieval import StoredState
 from mycelia.storage import StorageEngine
 from mycelia.storage.plan import plan_query
 
@@ -73,6 +75,9 @@ subscriber's 16 largest rows at once, 8 subscribers of 12 such rows 1.4 GB.)"""
 _RAMP: Final = 64
 """Rows a read may take whatever the last one took (bytes permitting): small rows reach
 about a page at the second read."""
+_SHARED_QUERIES: Final = 256
+"""Most LIMIT queries whose ranking is kept for the next subscription to ask (see
+:class:`_SharedRankings`)."""
 
 
 @dataclass(slots=True)
@@ -109,6 +114,7 @@ class ServedQueries:
         self._policy = policy
         self._heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
         """The node's heavy queries being evaluated (ARCHITECTURE.md §8)."""
+        self._shared = _SharedRankings(storage)
 
     async def answer(
         self, standing: ServedQuery, known: tuple[KnownEntity, ...], *, lane: asyncio.Lock
@@ -218,9 +224,11 @@ class ServedQueries:
         rows are let go at once: :meth:`_read` reads them again as they are sent). A LIMIT
         result is kept as ``standing.ranks`` when policy hides none of its rows (a hidden
         row among them: every change is ranked by storage)."""
-        rows = await served_rows(
-            self._storage, standing.collection, standing.query, lane=lane, heavy=self._heavy
-        )
+        collection, query = standing.collection, standing.query
+        if isinstance(query.limit, int) and cost(query.predicate) <= LIGHT_TERMS:
+            rows = await self._shared.rows(collection, query)
+        else:
+            rows = await served_rows(self._storage, collection, query, lane=lane, heavy=self._heavy)
         can_read, credentials = self._policy.can_read, standing.credentials
         ranked, room, readable = _Ranked(), READ_BYTES, 0
         for s in rows:
@@ -355,6 +363,52 @@ class ServedQueries:
     def _selects(standing: ServedQuery, snapshot: Snapshot) -> bool:
         """Whether the query's predicate selects the entity's values (policy aside)."""
         return (standing.predicate or compile_predicate(standing.query.predicate))(snapshot.values)
+
+
+class _SharedRankings:
+    """The rows of light LIMIT queries as storage ranks them, each ranking shared by every
+    subscription that asks for it while storage holds no newer commit (its last offset):
+    a change that makes room in the LIMIT of a hundred subscribers' identical query ranks
+    it once, not a hundred times, and a ranking can read the whole collection (ORDER BY a
+    field the predicate does not restrict). A ranking is read after the offset is, so it
+    holds at least what the offset says; one in flight is shared too. Kept until the next
+    commit, when its rows are no more than an answer's page: a few hundred small rankings."""
+
+    __slots__ = ("_at", "_rankings", "_storage")
+
+    def __init__(self, storage: StorageEngine) -> None:
+        self._storage = storage
+        self._at = -1
+        self._rankings: dict[tuple[str, Query], asyncio.Task[list[StoredState]]] = {}
+
+    async def rows(self, collection: str, query: Query) -> list[StoredState]:
+        """The stored rows of ``query`` (light, with a LIMIT), in its order."""
+        at = await self._storage.last_offset()
+        if at != self._at:
+            self._at, self._rankings = at, {}
+        key, rankings = (collection, query), self._rankings
+        task = rankings.get(key)
+        if task is None:
+            task = asyncio.ensure_future(query_rows(self._storage, collection, query))
+            task.add_done_callback(lambda done: _let_go(rankings, key, done))
+            if len(rankings) < _SHARED_QUERIES:
+                rankings[key] = task
+        return await asyncio.shield(task)  # (one asker cancelled cancels no other)
+
+
+def _let_go(
+    rankings: dict[tuple[str, Query], asyncio.Task[list[StoredState]]],
+    key: tuple[str, Query],
+    done: asyncio.Task[list[StoredState]],
+) -> None:
+    """Forget a ranking that failed or is larger than a page once it is read (its askers
+    have it), and mark a failure seen (every asker may have been cancelled)."""
+    if done.cancelled() or done.exception() is not None:
+        kept = False
+    else:
+        kept = sum(s.state.wire_size(estimate=True) for s in done.result()) <= READ_BYTES
+    if not kept and rankings.get(key) is done:
+        del rankings[key]
 
 
 @dataclass(slots=True)
