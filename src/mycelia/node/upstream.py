@@ -335,11 +335,16 @@ class Upstream:
         """Mirror one query on the peer, sending the heads held here — but none for the
         entities ``afresh``: the peer then sends their states whole, merged here as any
         snapshot (values by their CRDTs, the head by comparison)."""
-        known = []
-        for entity_id in live.member_ids():
-            entity = await self._applier.load(entity_id)
-            if entity is not None and entity.exists and entity_id not in afresh:
-                known.append(KnownEntity(entity_id, entity.head.ids))
+        # Heads as stored, in one read (a resident is ahead of storage only inside an
+        # applier run): making each member resident to read its head took a reconnecting
+        # client 26 µs a member, 75,000 members over ten clients.
+        wanted = [entity_id for entity_id in live.member_ids() if entity_id not in afresh]
+        held = await self._storage.get_states(wanted) if wanted else {}
+        known = [
+            KnownEntity(entity_id, state.state.head.ids)
+            for entity_id in wanted
+            if (state := held.get(entity_id)) is not None and state.state.head
+        ]
         collection, text, args, qid = live.collection, live.text, live.args, live.query_id
         # Each page is applied as it arrives, while the peer builds the next: a fresh
         # client's answer of 1,000 entities took the peer 15 ms and this node 56, one
