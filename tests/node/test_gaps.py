@@ -11,6 +11,7 @@ history: one W3 client of 200 kept a head lacking a tip of the shared text for g
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,7 +22,12 @@ from mycelia.node.inprocess import InProcessServer
 from mycelia.node.ports import Peer
 from mycelia.node.serving import Responder
 from mycelia.proto.messages import Message
-from mycelia.proto.peering import EventsResponse, GetEventsRequest, SubscribeRequest
+from mycelia.proto.peering import (
+    EventsResponse,
+    GetEventsRequest,
+    KnownEntity,
+    SubscribeRequest,
+)
 from mycelia.storage import MemoryStorage
 from mycelia.testing import dropped_deltas
 from tests.node.waiting import until
@@ -83,11 +89,31 @@ async def test_an_update_the_peer_cannot_fill_resubscribes_for_the_state_and_cat
                     (await trx.edit(Dial, dial)).turn = turn
             await until(client, lambda: shows(2))  # re-subscribed: it holds the head
         assert asked  # the gap was asked for, and the answer brought nothing
-        assert subscribed[0].known == (), "asked for the state whole, over no head"
+        assert subscribed[0].known == (KnownEntity(dial, ()),), "asked for the state whole"
         want = (await server_node.context().get(Dial, dial)).head
         assert [d.head for d in live.items] == [want]
     finally:
         await live.close()
+
+
+async def test_an_entity_asked_for_afresh_that_left_the_query_leaves_it(
+    in_process: tuple[Node, Node],
+) -> None:
+    # Asked for afresh, an entity was named with no head at all: when it no longer matched,
+    # the answer did not mention it, and the live query showed it as it was, for good.
+    server_node, client = in_process
+    async with server_node.context().transaction() as trx:
+        dial = trx.create(Dial).id
+    async with client.context().query(Dial, "turn < ?", 2) as live:
+        assert [d.turn for d in live.items] == [0]
+        with events_never_sent(), dropped_deltas(every=1, at_most=1):
+            for turn in (1, 2):  # the client loses the first update; the second has a gap
+                async with server_node.context().transaction() as trx:
+                    (await trx.edit(Dial, dial)).turn = turn  # (2: out of the query)
+            changes = aiter(live)
+            while live.items:
+                await asyncio.wait_for(anext(changes), 10)  # (before: never)
+    assert (await client.context().get(Dial, dial)).turn == 2
 
 
 async def test_a_subscription_answer_bridging_below_the_snapshot_held_asks_for_the_state(
@@ -127,7 +153,8 @@ async def test_a_subscription_answer_bridging_below_the_snapshot_held_asks_for_t
             server.start()  # the client redials and subscribes with [A]: a bridge to B
             await until(client, merged)
         assert asked  # B could not be placed
-        assert [len(s.known) for s in subscribed] == [1, 0], "asked again for the state whole"
+        tips = [[len(k.head) for k in s.known] for s in subscribed]
+        assert tips == [[1], [0]], "asked again for the state whole (named, with no head)"
     finally:
         await live.close()
         await client.close()
