@@ -58,6 +58,7 @@ from mycelia.node.inbox import Inboxed, next_step
 from mycelia.node.link import Link
 from mycelia.node.ports import MakeRequest, Session, Standing
 from mycelia.proto import Clock, EntityId, Event, EventId
+from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
     Delta,
@@ -347,6 +348,8 @@ class Upstream:
             for entity_id in members
             if (state := held.get(entity_id)) is not None and state.state.head
         ]
+        # A peer decodes at most MAX_BATCH_EVENTS known heads: the rest are asked after.
+        known, unnamed = known[:MAX_BATCH_EVENTS], known[MAX_BATCH_EVENTS:]
         collection, text, args, qid = live.collection, live.text, live.args, live.query_id
         # Each page is applied as it arrives, while the peer builds the next: a fresh
         # client's answer of 1,000 entities took the peer 15 ms and this node 56, one
@@ -354,6 +357,7 @@ class Upstream:
         # failure to apply one otherwise (a storage write) is raised, as the answer's
         # would be: the peer believes this node holds what it sent.
         refused: list[tuple[tuple[Delta, ...], MyceliaError]] = []
+        answered: set[EntityId] = set()
         ask = session.stream(
             lambda rid: SubscribeRequest(rid, qid, collection, text, args, tuple(known))
         )
@@ -373,10 +377,12 @@ class Upstream:
                     return
                 if deltas is None:
                     break
+                answered.update(d.entity_id for d in deltas)
                 try:
                     await self.apply_deltas(deltas)
                 except (DecodeError, LineageError, RetrievalError) as exc:
                     refused.append((deltas, exc))
+        await self._ask_unnamed([k for k in unnamed if k.entity_id not in answered])
         if refused:
             first = refused[0][1]
             bridged = {d.entity_id for deltas, _ in refused for d in deltas if d.events}
@@ -389,6 +395,15 @@ class Upstream:
                 return
             log.warning("resubscribing query %s after a refused answer (%s)", qid, first)
             await session.close()  # the next session subscribes again, with the heads held
+
+    async def _ask_unnamed(self, unnamed: Sequence[KnownEntity]) -> None:
+        """Bring up to date the members a subscription could not name (past the heads a
+        peer decodes) and its answer did not send: every row of the result the answer did
+        not know of is in it, so these left the query (a live query of 10,500 members ended
+        on its first reconnect, refused for its heads). Another session asks again."""
+        for start in range(0, len(unnamed), MAX_BATCH_EVENTS):
+            with contextlib.suppress(ConnectionClosed):
+                await self._ask_deltas(_ask_get(unnamed[start : start + MAX_BATCH_EVENTS]))
 
     # -- what the peer sends -----------------------------------------------------------
 
@@ -476,3 +491,9 @@ def _deltas_of(part: Message) -> tuple[Delta, ...]:
 def _ask_events(ids: tuple[EventId, ...]) -> MakeRequest:
     """Events by id, with up to 256 of their ancestors (filling gaps)."""
     return lambda rid: GetEventsRequest(rid, ids, 256)
+
+
+def _ask_get(known: Sequence[KnownEntity]) -> MakeRequest:
+    """The states of the entities ``known`` names, given the heads held here."""
+    named, ids = tuple(known), tuple(k.entity_id for k in known)
+    return lambda rid: GetRequest(rid, ids, named)
