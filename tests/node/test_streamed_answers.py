@@ -17,10 +17,10 @@ import mycelia
 from mycelia import Model, Node
 from mycelia.errors import PayloadTooLarge, QueryError, RemoteProtocolError, RequestTimeout
 from mycelia.node import outstanding, served
+from mycelia.node.asks import deltas_of
 from mycelia.node.budget import ANSWER_PAGE_BYTES, FIRST_PAGE_BYTES
 from mycelia.node.outstanding import Outstanding, Streamed
 from mycelia.node.transport import Transport, memory_pair
-from mycelia.node.upstream import _deltas_of
 from mycelia.proto import EntityId
 from mycelia.proto.messages import Message, decode_frame, peek
 from mycelia.proto.peering import (
@@ -310,9 +310,9 @@ async def test_a_page_this_node_fails_to_store_fails_the_subscription_loudly(nod
 def test_a_subscription_answer_s_parts_must_be_deltas() -> None:
     """A peer that pages a Subscribe answer with events (or ends it with another response)
     commits a protocol error: the query is not taken as answered."""
-    assert _deltas_of(DeltasPage(1, ())) == ()
-    assert _deltas_of(DeltasResponse(1, ())) == ()
+    assert deltas_of(DeltasPage(1, ())) == ()
+    assert deltas_of(DeltasResponse(1, ())) == ()
     with pytest.raises(RemoteProtocolError):
-        _deltas_of(EventsPage(1, (), ()))
+        deltas_of(EventsPage(1, (), ()))
     with pytest.raises(RemoteProtocolError):
-        _deltas_of(EventsResponse(1, (), ()))
+        deltas_of(EventsResponse(1, (), ()))

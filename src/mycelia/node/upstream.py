@@ -52,6 +52,7 @@ from mycelia.errors import (
     RetrievalError,
     remote,
 )
+from mycelia.node.asks import ask_events, ask_get, deltas_of
 from mycelia.node.commits import CommitPipeline
 from mycelia.node.deltas import query_rows
 from mycelia.node.inbox import Inboxed, next_step
@@ -62,11 +63,9 @@ from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import (
     Delta,
-    DeltasPage,
     DeltasResponse,
     EventsResponse,
     FetchRequest,
-    GetEventsRequest,
     GetRequest,
     KnownEntity,
     SubscribeRequest,
@@ -74,7 +73,6 @@ from mycelia.proto.peering import (
     SubscriptionUpdate,
     SystemRequest,
     UnsubscribeRequest,
-    expect_response,
 )
 from mycelia.proto.query import Query
 from mycelia.retrieval import StoredState
@@ -336,18 +334,7 @@ class Upstream:
         """Mirror one query on the peer, sending the heads held here — but an empty one for
         the entities ``afresh``: the peer then sends their states whole, merged here as any
         snapshot (values by their CRDTs, the head by comparison), or says they left."""
-        # Heads as stored, in one read (a resident is ahead of storage only inside an
-        # applier run): making each member resident to read its head took a reconnecting
-        # client 26 µs a member, 75,000 members over ten clients. A member asked for
-        # afresh is named with no head: the peer sends its state whole, or says it left
-        # the query (unnamed, it stayed in the live query as it was, for good).
-        members = list(live.member_ids())
-        held = await self._storage.get_states(members) if members else {}
-        known = [
-            KnownEntity(entity_id, () if entity_id in afresh else state.state.head.ids)
-            for entity_id in members
-            if (state := held.get(entity_id)) is not None and state.state.head
-        ]
+        known = await self._known(live, afresh)
         # A peer decodes at most MAX_BATCH_EVENTS known heads: the rest are asked after.
         known, unnamed = known[:MAX_BATCH_EVENTS], known[MAX_BATCH_EVENTS:]
         collection, text, args, qid = live.collection, live.text, live.args, live.query_id
@@ -365,7 +352,7 @@ class Upstream:
             while True:
                 try:  # the answer's own failures
                     part = await anext(parts, None)
-                    deltas = None if part is None else _deltas_of(part)
+                    deltas = None if part is None else deltas_of(part)
                 except ConnectionClosed:
                     return  # the session is ending: the next one subscribes again
                 except RequestTimeout as exc:  # (see the module docstring)
@@ -384,17 +371,40 @@ class Upstream:
                     refused.append((deltas, exc))
         await self._ask_unnamed([k for k in unnamed if k.entity_id not in answered])
         if refused:
-            first = refused[0][1]
-            bridged = {d.entity_id for deltas, _ in refused for d in deltas if d.events}
-            gapped = bridged - set(afresh) if isinstance(first, EventNotFound) else set()
-            if gapped:
-                # a bridge from a head held here whose history below is not here (an
-                # ephemeral node's snapshot boundary): ask for those states whole, once
-                log.info("subscribing query %s again, %d states whole: %s", qid, len(gapped), first)
-                await self._subscribe(session, live, afresh={*afresh, *gapped})
-                return
-            log.warning("resubscribing query %s after a refused answer (%s)", qid, first)
-            await session.close()  # the next session subscribes again, with the heads held
+            await self._refused_answer(session, live, afresh, refused)
+
+    async def _known(self, live: Standing, afresh: Collection[EntityId]) -> list[KnownEntity]:
+        """The heads of ``live``'s members as stored, in one read (a resident is ahead of
+        storage only inside an applier run; making each resident to read its head cost a
+        reconnecting client 26 µs a member). One asked for ``afresh`` is named with no
+        head: the peer sends its state whole, or says it left (unnamed, it stayed)."""
+        members = list(live.member_ids())
+        held = await self._storage.get_states(members) if members else {}
+        return [
+            KnownEntity(entity_id, () if entity_id in afresh else state.state.head.ids)
+            for entity_id in members
+            if (state := held.get(entity_id)) is not None and state.state.head
+        ]
+
+    async def _refused_answer(
+        self,
+        session: Session,
+        live: Standing,
+        afresh: Collection[EntityId],
+        refused: list[tuple[tuple[Delta, ...], MyceliaError]],
+    ) -> None:
+        """Pages of a subscription's answer could not be applied: a bridge from a head held
+        here whose history below is not here (an ephemeral node's snapshot boundary) asks
+        for those states whole, once; anything else ends the session."""
+        first, qid = refused[0][1], live.query_id
+        bridged = {d.entity_id for deltas, _ in refused for d in deltas if d.events}
+        gapped = bridged - set(afresh) if isinstance(first, EventNotFound) else set()
+        if gapped:
+            log.info("subscribing query %s again, %d states whole: %s", qid, len(gapped), first)
+            await self._subscribe(session, live, afresh={*afresh, *gapped})
+            return
+        log.warning("resubscribing query %s after a refused answer (%s)", qid, first)
+        await session.close()  # the next session subscribes again, with the heads held
 
     async def _ask_unnamed(self, unnamed: Sequence[KnownEntity]) -> None:
         """Bring up to date the members a subscription could not name (past the heads a
@@ -403,7 +413,7 @@ class Upstream:
         on its first reconnect, refused for its heads). Another session asks again."""
         for start in range(0, len(unnamed), MAX_BATCH_EVENTS):
             with contextlib.suppress(ConnectionClosed):
-                await self._ask_deltas(_ask_get(unnamed[start : start + MAX_BATCH_EVENTS]))
+                await self._ask_deltas(ask_get(unnamed[start : start + MAX_BATCH_EVENTS]))
 
     # -- what the peer sends -----------------------------------------------------------
 
@@ -454,7 +464,7 @@ class Upstream:
                 break
             ids = tuple(sorted(missing))
             try:
-                response = await self._link.request(_ask_events(ids), expect=EventsResponse)
+                response = await self._link.request(ask_events(ids), expect=EventsResponse)
             except (ConnectionClosed, RequestTimeout):
                 break
             if not response.events:
@@ -478,22 +488,3 @@ class Upstream:
                 event_id=held[0],
             )
         return changes
-
-
-def _deltas_of(part: Message) -> tuple[Delta, ...]:
-    """The deltas of one page, or of the final response, of a deltas answer
-    (RemoteProtocolError for anything else)."""
-    if isinstance(part, DeltasPage):
-        return part.deltas
-    return expect_response(part, DeltasResponse).deltas
-
-
-def _ask_events(ids: tuple[EventId, ...]) -> MakeRequest:
-    """Events by id, with up to 256 of their ancestors (filling gaps)."""
-    return lambda rid: GetEventsRequest(rid, ids, 256)
-
-
-def _ask_get(known: Sequence[KnownEntity]) -> MakeRequest:
-    """The states of the entities ``known`` names, given the heads held here."""
-    named, ids = tuple(known), tuple(k.entity_id for k in known)
-    return lambda rid: GetRequest(rid, ids, named)
