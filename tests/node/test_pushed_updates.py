@@ -13,7 +13,7 @@ import pytest
 
 from mycelia import EntityId, Model, Node
 from mycelia.node import upstream
-from mycelia.node.inbox import Inboxed, next_step
+from mycelia.node.inbox import Inboxed, next_step, unplaced
 from mycelia.node.inprocess import InProcessServer
 from mycelia.node.session import Pushed
 from mycelia.proto import DEFAULT_LIMITS
@@ -220,7 +220,6 @@ async def test_a_refused_step_asks_again_only_for_the_entities_it_could_not_plac
     async with node.context().transaction() as trx:
         placed, other = trx.create(Item).id, trx.create(Item).id
     await _set(node, other, 1)
-    up = node._upstream
     (held,) = [e.event for e in await node.storage.events_of(placed)]
     edit = (await node.storage.events_of(other))[-1].event
     await node.storage.write(WriteBatch((), (), (), (other,), {}))  # ``other``: not stored now
@@ -230,8 +229,8 @@ async def test_a_refused_step_asks_again_only_for_the_entities_it_could_not_plac
 
     try:
         step = [update(1, placed, held), update(1, other, edit), update(2, placed, held)]
-        assert await up._unplaced(step) == {1: {other}}, "only what is not stored"
-        assert await up._unplaced([update(2, placed, held)]) == {2: {placed}}, (
+        assert await unplaced(node.storage, step) == {1: {other}}, "only what is not stored"
+        assert await unplaced(node.storage, [update(2, placed, held)]) == {2: {placed}}, (
             "a refusal whose events are all stored still asks for its entities"
         )
     finally:

@@ -4,10 +4,14 @@ connection and not applied yet, and how they are taken off it a step at a time
 
 from __future__ import annotations
 
-from mycelia.node.session import Pushed
-from mycelia.proto.peering import SubscriptionEnded, SubscriptionUpdate
+from collections.abc import Sequence
 
-__all__ = ["Inboxed", "next_step"]
+from mycelia.node.session import Pushed
+from mycelia.proto import EntityId
+from mycelia.proto.peering import SubscriptionEnded, SubscriptionUpdate
+from mycelia.storage import StorageEngine
+
+__all__ = ["Inboxed", "next_step", "unplaced"]
 
 
 Inboxed = SubscriptionUpdate | SubscriptionEnded | Pushed
@@ -39,3 +43,21 @@ def _decoded(inbox: list[Inboxed], at: int) -> SubscriptionUpdate | Subscription
 
 def _events_only(update: SubscriptionUpdate | SubscriptionEnded) -> bool:
     return isinstance(update, SubscriptionUpdate) and all(d.state is None for d in update.deltas)
+
+
+async def unplaced(
+    storage: StorageEngine, updates: Sequence[SubscriptionUpdate]
+) -> dict[int, set[EntityId]]:
+    """Per query, the entities of a refused step to ask for whole: those it sent a state
+    of, or events not stored here now (not every entity of the step); all of them if
+    that finds none, so that no refusal goes unanswered."""
+    sent = {e.id for u in updates for d in u.deltas for e in d.events}
+    stored = await storage.get_events(sent) if sent else {}
+    asked: dict[int, set[EntityId]] = {}
+    every: dict[int, set[EntityId]] = {}
+    for update in updates:
+        for delta in update.deltas:
+            every.setdefault(update.query_id, set()).add(delta.entity_id)
+            if delta.state is not None or any(e.id not in stored for e in delta.events):
+                asked.setdefault(update.query_id, set()).add(delta.entity_id)
+    return asked or every

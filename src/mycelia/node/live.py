@@ -16,7 +16,9 @@ query.
 
 On an ephemeral node with a durable peer, every live query is mirrored on the server; on
 each (re)connection it is re-subscribed with the heads held here, so it catches up and
-drops what stopped matching while offline.
+drops what stopped matching while offline. While mirrored, its result is read only from
+the rows the server keeps current for it (:mod:`mycelia.node.kept`): another row held
+here may be stale.
 
 The query is checked against the model when it is made (:mod:`mycelia.entity.querycheck`:
 QueryError for an unknown field or a value of the wrong type). Iterating a live query
@@ -27,8 +29,8 @@ ever); when the node closes, every open live query's iteration ends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Mapping
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -214,7 +216,7 @@ class LiveQuery(Generic[M]):
     # -- maintenance ---------------------------------------------------------------------
 
     async def _load(self) -> list[M]:
-        rows = await self._parts.rows(self.model.__collection__, self.query)
+        rows = await self._rows()
         for entity_id in self._members:
             self._parts.watch.untrack(entity_id, self)
         self._members.clear()
@@ -227,6 +229,37 @@ class LiveQuery(Generic[M]):
         ranked = self._keys.items()
         self._ranks = Ranks(limit, ranked) if isinstance(limit, int) and exact else None
         return self.items
+
+    async def _rows(self) -> list[StoredState]:
+        """The stored rows of the result. While the query is mirrored, only those its
+        durable peer keeps current for it (:mod:`mycelia.node.kept`): another row held
+        here may be stale, and it would be shown for good. A LIMIT is filled from them,
+        asking storage for four times as many rows each time it falls short."""
+        collection, query = self.model.__collection__, self.query
+        rows = await self._parts.rows(collection, query)
+        kept = self._parts.follow.kept(self)
+        if kept is None:
+            return rows
+        limit = asked = query.limit
+        while True:
+            fresh = [row for row in rows if row.state.entity_id in kept]
+            if not isinstance(limit, int) or not isinstance(asked, int):
+                return fresh
+            if len(fresh) >= limit or len(rows) < asked:
+                return fresh[:limit]
+            asked *= 4
+            rows = await self._parts.rows(collection, replace(query, limit=asked))
+
+    def kept_changed(self, gained: Collection[EntityId], lost: Collection[EntityId]) -> None:
+        """The durable peer keeps ``gained`` current for this query now and ``lost`` no
+        longer (their deltas applied): the result is read again if that can change it (a
+        row it keeps that is not shown: the client held it at the head sent, so applying
+        made no change; a member it no longer keeps)."""
+        if self._buffer is not None or not self._open:
+            return  # (a result being loaded reads what the peer keeps)
+        members = self._members
+        if any(e not in members for e in gained) or any(e in members for e in lost):
+            self._schedule_refresh()
 
     def _admit(self, snapshot: Snapshot, views: dict[object, object] | None = None) -> M:
         key = (self.model, snapshot.entity_id)

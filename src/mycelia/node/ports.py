@@ -23,7 +23,7 @@ port                      consumer                     implemented by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, TypeVar
 
@@ -207,6 +207,11 @@ class Standing(Protocol):
         """React to committed changes (``views`` shares views between queries)."""
         ...
 
+    def kept_changed(self, gained: Collection[EntityId], lost: Collection[EntityId]) -> None:
+        """The durable peer keeps ``gained`` current for it now and ``lost`` no longer (the
+        deltas that said so are applied; see :mod:`mycelia.node.kept`)."""
+        ...
+
 
 class Watch(Protocol):
     """What a live query needs of the node's candidate index (the reactor)."""
@@ -245,6 +250,11 @@ class Follow(Protocol):
 
     async def unfollow(self, live: Standing) -> None:
         """Stop mirroring ``live`` (offline is fine: the peer forgets a closed link's)."""
+        ...
+
+    def kept(self, live: Standing) -> Collection[EntityId] | None:
+        """The entities the durable peer keeps current for ``live`` (``None`` while it is
+        not mirrored: offline, or its subscription not answered yet)."""
         ...
 
 

@@ -332,9 +332,13 @@ class ServedQueries:
             return None
         if echo and member and (held or Clock()) == change.before.head:
             # The peer's own commit on the head it holds (or its own create): it holds the
-            # head after it too (its events, on what it held), and it shows the entity.
+            # head after it too (its events, on what it held), and it shows the entity. A
+            # create is said to match, with no data: the peer learns that this query keeps
+            # it current (mycelia.node.kept).
             standing.sent[entity_id] = change.after.head
-            return None
+            return (
+                None if held is not None else Delta(entity_id, standing.collection, True, None, ())
+            )
         delta: Delta | None
         if not member and not self._policy.can_read(standing.credentials, change.after):
             delta = Delta(entity_id, standing.collection, False, None, ())  # no data: not theirs

@@ -11,7 +11,9 @@ the upstream **prepares** it before the link turns READY:
 2. pushes every owed commit and takes the answers (refusals revert, see
    :mod:`mycelia.node.commits`); the pipeline keeps pushing for the whole session;
 3. re-establishes every live query's subscription with the heads held here, so it
-   catches up with bridges or snapshots and learns what left each query meanwhile.
+   catches up with bridges or snapshots and learns what left each query meanwhile; once
+   answered, a query reads its result from the rows the peer keeps current for it
+   (:mod:`mycelia.node.kept`).
 
 It also reads through (``get``, ``fetch`` and ``trx.edit`` ask the peer first, unless the
 entity is held and kept current by a subscription), applies what the peer sends (states
@@ -55,7 +57,8 @@ from mycelia.errors import (
 from mycelia.node.asks import ask_events, ask_get, deltas_of
 from mycelia.node.commits import CommitPipeline
 from mycelia.node.deltas import query_rows
-from mycelia.node.inbox import Inboxed, next_step
+from mycelia.node.inbox import Inboxed, next_step, unplaced
+from mycelia.node.kept import KeptRows, named_heads
 from mycelia.node.link import Link
 from mycelia.node.ports import MakeRequest, Session, Standing
 from mycelia.proto import Clock, EntityId, Event, EventId
@@ -121,6 +124,7 @@ class Upstream:
         self._has_system = has_system
         self._commits = commits
         self._following: dict[int, Standing] = {}
+        self._kept = KeptRows()
         self._inbox: list[Inboxed] = []
         """Pushed updates read and not applied yet, in order (see :meth:`on_update`)."""
         self._more = asyncio.Event()
@@ -221,17 +225,21 @@ class Upstream:
             self._ended(first)
             return
         updates = [u for u in step if isinstance(u, SubscriptionUpdate)]
+        noted = [(u.query_id, *self._kept.note(u.query_id, u.deltas)) for u in updates]
         try:
             await self.apply_deltas(d for u in updates for d in u.deltas)
         except EventNotFound as exc:
             session = self._link.session
-            for query_id, entities in (await self._unplaced(updates)).items():
+            for query_id, entities in (await unplaced(self._storage, updates)).items():
                 live = self._following.get(query_id)
                 log.info("resubscribing query %s: %s", query_id, exc)
                 if live is not None and session is not None:
                     await self._subscribe(session, live, afresh=entities)
         except MyceliaError as exc:
             await self._reconnect(f"could not apply an update from the durable peer ({exc})")
+        for query_id, gained, lost in noted:  # (applied, or asked for again)
+            if (gained or lost) and (live := self._following.get(query_id)) is not None:
+                live.kept_changed(gained, lost)
 
     async def _reconnect(self, why: str) -> None:
         """End the session (the next one subscribes again, with the heads held here)."""
@@ -239,21 +247,6 @@ class Upstream:
         session = self._link.session
         if session is not None:
             await session.close()
-
-    async def _unplaced(self, updates: Sequence[SubscriptionUpdate]) -> dict[int, set[EntityId]]:
-        """Per query, the entities of a refused step to ask for whole: those it sent a state
-        of, or events not stored here now (not every entity of the step); all of them if
-        that finds none, so that no refusal goes unanswered."""
-        sent = {e.id for u in updates for d in u.deltas for e in d.events}
-        stored = await self._storage.get_events(sent) if sent else {}
-        unplaced: dict[int, set[EntityId]] = {}
-        every: dict[int, set[EntityId]] = {}
-        for update in updates:
-            for delta in update.deltas:
-                every.setdefault(update.query_id, set()).add(delta.entity_id)
-                if delta.state is not None or any(e.id not in stored for e in delta.events):
-                    unplaced.setdefault(update.query_id, set()).add(delta.entity_id)
-        return unplaced or every
 
     def _ended(self, ended: SubscriptionEnded) -> None:
         error = remote(ended.code, ended.text)
@@ -269,6 +262,12 @@ class Upstream:
             live.end(error)
 
     # -- read-through --------------------------------------------------------------------
+
+    def kept(self, live: Standing) -> Collection[EntityId] | None:
+        """The entities the durable peer keeps current for ``live`` (see
+        :mod:`mycelia.node.kept`; ``None`` while it is not mirrored)."""
+        session = self._sessions if self._link.session is not None else None
+        return self._kept.of(live.query_id, session)
 
     def connected(self) -> bool:
         """Whether the durable peer is connected and ready."""
@@ -324,6 +323,7 @@ class Upstream:
         """Stop mirroring ``live`` (offline is fine: the peer forgets a closed link's)."""
         if self._following.pop(live.query_id, None) is None:
             return
+        self._kept.forget(live.query_id)
         qid = live.query_id
         with contextlib.suppress(ConnectionClosed, RequestTimeout):
             await self._link.request(lambda rid: UnsubscribeRequest(rid, qid), expect=Message)
@@ -334,7 +334,7 @@ class Upstream:
         """Mirror one query on the peer, sending the heads held here — but an empty one for
         the entities ``afresh``: the peer then sends their states whole, merged here as any
         snapshot (values by their CRDTs, the head by comparison), or says they left."""
-        known = await self._known(live, afresh)
+        known = await named_heads(self._storage, live, afresh)
         # A peer decodes at most MAX_BATCH_EVENTS known heads: the rest are asked after.
         known, unnamed = known[:MAX_BATCH_EVENTS], known[MAX_BATCH_EVENTS:]
         collection, text, args, qid = live.collection, live.text, live.args, live.query_id
@@ -348,6 +348,7 @@ class Upstream:
         ask = session.stream(
             lambda rid: SubscribeRequest(rid, qid, collection, text, args, tuple(known))
         )
+        self._kept.start(qid)
         async with ask as parts:
             while True:
                 try:  # the answer's own failures
@@ -365,6 +366,7 @@ class Upstream:
                 if deltas is None:
                     break
                 answered.update(d.entity_id for d in deltas)
+                self._kept.page(qid, deltas)
                 try:
                     await self.apply_deltas(deltas)
                 except (DecodeError, LineageError, RetrievalError) as exc:
@@ -372,19 +374,16 @@ class Upstream:
         await self._ask_unnamed([k for k in unnamed if k.entity_id not in answered])
         if refused:
             await self._refused_answer(session, live, afresh, refused)
+            return
+        self._answered(live, known, answered)
 
-    async def _known(self, live: Standing, afresh: Collection[EntityId]) -> list[KnownEntity]:
-        """The heads of ``live``'s members as stored, in one read (a resident is ahead of
-        storage only inside an applier run; making each resident to read its head cost a
-        reconnecting client 26 µs a member). One asked for ``afresh`` is named with no
-        head: the peer sends its state whole, or says it left (unnamed, it stayed)."""
-        members = list(live.member_ids())
-        held = await self._storage.get_states(members) if members else {}
-        return [
-            KnownEntity(entity_id, () if entity_id in afresh else state.state.head.ids)
-            for entity_id in members
-            if (state := held.get(entity_id)) is not None and state.state.head
-        ]
+    def _answered(self, live: Standing, known: Sequence[KnownEntity], said: set[EntityId]) -> None:
+        """``live``'s subscription is answered whole: it is mirrored from now on, reading
+        its result from the rows the peer keeps current for it (:mod:`mycelia.node.kept`)."""
+        qid = live.query_id
+        self._kept.answered(qid, self._sessions, (k.entity_id for k in known), said)
+        kept = self._kept.of(qid, self._sessions) or set()
+        live.kept_changed(kept, [e for e in live.member_ids() if e not in kept])
 
     async def _refused_answer(
         self,
