@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from mycelia.node.commits import CommitPipeline
 from mycelia.node.flight import BUSY_ROUNDS, Lateness, Pending, SessionOver, answered
 from mycelia.node.inprocess import InProcessServer
 from mycelia.node.outbox import Owed
-from mycelia.node.ports import M, MakeRequest
+from mycelia.node.ports import M, MakeRequest, Streaming
 from mycelia.proto.messages import Message
 from mycelia.proto.peering import Ack
 from mycelia.storage import MemoryStorage
@@ -54,9 +53,7 @@ class Peer:
     def submit(self, make: MakeRequest) -> asyncio.Future[Message]:
         raise AssertionError("not used")
 
-    def stream(
-        self, make: MakeRequest, *, timeout: float | None = None
-    ) -> AbstractAsyncContextManager[AsyncIterator[Message]]:
+    def stream(self, make: MakeRequest, *, timeout: float | None = None) -> Streaming:
         raise AssertionError("not used")
 
     async def wait_closed(self) -> None:

@@ -61,9 +61,9 @@ def subscriptions_seen(monkeypatch: pytest.MonkeyPatch) -> list[SubscribeRequest
     seen: list[SubscribeRequest] = []
     subscribe = Responder._subscribe
 
-    async def spied(self: Responder, peer: Peer, msg: SubscribeRequest) -> Message:
+    async def spied(self: Responder, peer: Peer, msg: SubscribeRequest) -> None:
         seen.append(msg)
-        return await subscribe(self, peer, msg)
+        await subscribe(self, peer, msg)
 
     monkeypatch.setattr(Responder, "_subscribe", spied)
     return seen

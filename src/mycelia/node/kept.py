@@ -23,11 +23,20 @@ Invariants:
   (offline-first: it shows what it has).
 - The ids are noted before the deltas that carry them are applied, so a LIMIT refill that
   one of those changes starts ranks among them.
+- What a subscription's answer and the updates say is taken in the order the connection
+  read them, not in the order they are applied (an answer's pages are applied while
+  updates are). The peer sends a subscription's response before the subscription stands
+  (mycelia.node.serving), so an update read before the response is the subscription's it
+  replaces, which says nothing of what is kept now, and one read after it is held until
+  the answer is taken. (Taken as applied, an update saying an entity had arrived, applied
+  before an answer page that had read it as absent, was undone by that page, and the
+  query hid the entity for good: the simulator found it, seeds 6 and 7.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from mycelia.node.deltas import query_rows
 from mycelia.node.ports import Standing
@@ -61,6 +70,18 @@ async def named_heads(
     ]
 
 
+@dataclass(slots=True)
+class _Answering:
+    """A subscription of a query being answered."""
+
+    responded: Callable[[], bool]
+    """Whether its final response has arrived (what the connection reads, in order)."""
+    after: int | None = None
+    """The arrival index of the first update read after its response."""
+    held: list[Sequence[Delta]] = field(default_factory=list)
+    """Its own updates applied before its answer's last pages (taken after them)."""
+
+
 class KeptRows:
     """Per mirrored query id, the entities its durable peer keeps current for it."""
 
@@ -68,17 +89,31 @@ class KeptRows:
         self._kept: dict[int, set[EntityId]] = {}
         self._answered: dict[int, int] = {}
         """Per query, the session whose subscription's answer made its set whole."""
+        self._answering: dict[int, _Answering] = {}
+        self.received = 0
+        """Updates read from the session's connection so far (their arrival indexes)."""
 
-    def start(self, query_id: int) -> None:
-        """A subscription of the query is being answered: its set starts empty."""
+    def new_session(self) -> None:
+        """A session starts: its updates are counted from zero."""
+        self.received = 0
+        self._answering.clear()
+
+    def read(self) -> None:
+        """An update was read from the connection (call it in the order they are read)."""
+        for answering in self._answering.values():
+            if answering.after is None and answering.responded():
+                answering.after = self.received
+        self.received += 1
+
+    def start(self, query_id: int, responded: Callable[[], bool]) -> None:
+        """A subscription of the query was sent: its set starts empty. ``responded`` says
+        whether its final response has been read."""
         self._kept[query_id] = set()
         self._answered.pop(query_id, None)
+        self._answering[query_id] = _Answering(responded)
 
     def page(self, query_id: int, deltas: Iterable[Delta]) -> None:
-        """Take a page of the query's subscription answer: what it says matches is kept.
-        (Its ``matches=False`` take nothing away: the set started empty, and one of the new
-        subscription's updates, which follow its answer, can be applied before the answer's
-        last pages are, saying an entity the answer read too early as absent arrived.)"""
+        """Take a page of the query's subscription answer: what it says matches is kept."""
         kept = self._kept.get(query_id)
         if kept is not None:
             kept.update(d.entity_id for d in deltas if d.matches)
@@ -87,29 +122,32 @@ class KeptRows:
         self, query_id: int, session: int, named: Iterable[EntityId], said: Collection[EntityId]
     ) -> None:
         """The answer is whole: the ``named`` heads it said nothing of (not in ``said``)
-        are held here as the peer holds them, and still match."""
+        are held here as the peer holds them, and still match; then the subscription's
+        own updates applied meanwhile are taken, in order."""
         kept = self._kept.get(query_id)
-        if kept is not None:
-            kept.update(e for e in named if e not in said)
-            self._answered[query_id] = session
+        answering = self._answering.pop(query_id, None)
+        if kept is None or answering is None:
+            return
+        kept.update(e for e in named if e not in said)
+        for deltas in answering.held:
+            _take(kept, deltas)
+        self._answered[query_id] = session
 
-    def note(self, query_id: int, deltas: Iterable[Delta]) -> tuple[set[EntityId], set[EntityId]]:
-        """Take what ``deltas`` (sent for the query) say; returns the ids the peer now
-        keeps and did not, and those it no longer keeps."""
+    def note(
+        self, query_id: int, deltas: Sequence[Delta], arrival: int
+    ) -> tuple[set[EntityId], set[EntityId]]:
+        """Take what an update for the query says (``arrival``: its index among the
+        updates read); returns the ids the peer now keeps and did not, and those it no
+        longer keeps. While the query's subscription is answered, an update read before
+        its response is the subscription it replaces (the answer says what is kept now),
+        and one read after it is held until the answer is taken."""
+        answering = self._answering.get(query_id)
+        if answering is not None:
+            if answering.after is not None and arrival >= answering.after:
+                answering.held.append(deltas)
+            return set(), set()
         kept = self._kept.get(query_id)
-        gained: set[EntityId] = set()
-        lost: set[EntityId] = set()
-        if kept is None:
-            return gained, lost
-        for delta in deltas:
-            entity_id = delta.entity_id
-            if delta.matches and entity_id not in kept:
-                kept.add(entity_id)
-                gained.add(entity_id)
-            elif not delta.matches and entity_id in kept:
-                kept.discard(entity_id)
-                lost.add(entity_id)
-        return gained, lost
+        return _take(kept, deltas) if kept is not None else (set(), set())
 
     def of(self, query_id: int, session: int | None) -> set[EntityId] | None:
         """The entities the peer keeps current for the query in ``session`` (``None``: not
@@ -122,3 +160,19 @@ class KeptRows:
         """The query is no longer mirrored."""
         self._kept.pop(query_id, None)
         self._answered.pop(query_id, None)
+        self._answering.pop(query_id, None)
+
+
+def _take(kept: set[EntityId], deltas: Iterable[Delta]) -> tuple[set[EntityId], set[EntityId]]:
+    """Take what ``deltas`` say into ``kept``; returns the ids gained and lost."""
+    gained: set[EntityId] = set()
+    lost: set[EntityId] = set()
+    for delta in deltas:
+        entity_id = delta.entity_id
+        if delta.matches and entity_id not in kept:
+            kept.add(entity_id)
+            gained.add(entity_id)
+        elif not delta.matches and entity_id in kept:
+            kept.discard(entity_id)
+            lost.add(entity_id)
+    return gained, lost

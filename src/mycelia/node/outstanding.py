@@ -136,6 +136,11 @@ class Streamed:
         self.future = future
         future.add_done_callback(lambda _: self._arrived.set())
 
+    def responded(self) -> bool:
+        """Whether the final response (or the request's failure) has arrived, whatever the
+        requester has taken of the answer so far."""
+        return self.future is not None and self.future.done()
+
     def page(self, page: Message) -> None:
         """Take a page of the answer (:meth:`Outstanding.add`'s ``pages``)."""
         self._pages.append(page)

@@ -442,7 +442,8 @@ class PeerConnection:
                 log.exception("request %s from %s failed", rid, self.remote)
                 error = MyceliaError(f"internal error: {type(exc).__name__}")
                 response = ErrorResponse.of(rid, error)
-            await self.send(response, size=answer_size(response))
+            if response is not None:  # (else the responder sent it)
+                await self.send(response, size=answer_size(response))
         except ConnectionClosed:
             pass  # the peer is gone, or was cut off: nobody is waiting
         finally:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from typing import Protocol, TypeVar
 
 from mycelia.entity import Entity, EntityChange, EventCheck, ForkBase
@@ -107,8 +106,9 @@ class Peer(Protocol):
 class Answers(Protocol):
     """How a peer connection answers its peer (the node's responder)."""
 
-    async def handle(self, peer: Peer, msg: Message) -> Message:
-        """The response to one request (raise a MyceliaError to answer with an error)."""
+    async def handle(self, peer: Peer, msg: Message) -> Message | None:
+        """The response to one request (raise a MyceliaError to answer with an error;
+        ``None``: it was sent already, see :meth:`Peer.send`)."""
         ...
 
     async def commit(
@@ -146,9 +146,7 @@ class Session(Protocol):
         """Send a request now; its response (or error) arrives in the future."""
         ...
 
-    def stream(
-        self, make: MakeRequest, *, timeout: float | None = None
-    ) -> AbstractAsyncContextManager[AsyncIterator[Message]]:
+    def stream(self, make: MakeRequest, *, timeout: float | None = None) -> Streaming:
         """Send a request; within the block, iterate its answer's pages as they arrive, then
         its final response (raises what :meth:`request` raises; the timeout is for each
         wait). Leaving the block cancels the request."""
@@ -168,6 +166,20 @@ class Session(Protocol):
 
     async def close(self) -> None:
         """End the session."""
+        ...
+
+
+class Streaming(Protocol):
+    """A request's answer taken as it arrives (:meth:`Session.stream`): ``async with`` it
+    to iterate the pages, then the final response."""
+
+    async def __aenter__(self) -> AsyncIterator[Message]: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    def responded(self) -> bool:
+        """Whether its final response (or its failure) has arrived from the peer, however
+        much of the answer has been taken."""
         ...
 
 

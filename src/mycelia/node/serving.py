@@ -56,6 +56,7 @@ from mycelia.errors import (
 )
 from mycelia.node.budget import ANSWER_PAGE_BYTES, FIRST_PAGE_BYTES
 from mycelia.node.deltas import check_cost, delta_for
+from mycelia.node.peer_parts import answer_size
 from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
 from mycelia.node.ports import Peer
 from mycelia.node.pushes import FEED_BYTES, Missed, SubscriberFeed, changes_size
@@ -135,7 +136,7 @@ class Responder:
         """Per subscription being answered, the changes committed meanwhile (see
         :meth:`_subscribe`)."""
 
-    async def handle(self, peer: Peer, msg: Message) -> Message:
+    async def handle(self, peer: Peer, msg: Message) -> Message | None:
         """The response to one request (raise a MyceliaError to answer with an error)."""
         match msg:
             case GetRequest():
@@ -154,7 +155,8 @@ class Responder:
                 deltas = self._served.answer(answer, msg.known, lane=self._lane(peer))
                 return await _paged_deltas(peer, msg.request_id, deltas)
             case SubscribeRequest():
-                return await self._subscribe(peer, msg)
+                await self._subscribe(peer, msg)  # (it sends its response)
+                return None
             case UnsubscribeRequest():
                 self._subscriptions.get(peer, {}).pop(msg.query_id, None)
                 return Ack(msg.request_id)
@@ -277,7 +279,7 @@ class Responder:
 
         return check
 
-    async def _subscribe(self, peer: Peer, msg: SubscribeRequest) -> Message:
+    async def _subscribe(self, peer: Peer, msg: SubscribeRequest) -> None:
         query = _bound(msg.query, msg.args)
         standing = self._subscriptions.setdefault(peer, {})
         if msg.query_id not in standing and len(standing) >= MAX_SUBSCRIPTIONS:
@@ -294,11 +296,15 @@ class Responder:
         # the peer's subscriptions then (each is compared with what was sent, so what the
         # answer already held costs nothing). Before, an entity read just before such a
         # commit stayed behind on the peer until its next change.
+        # The response is sent before the subscription stands: the peer reads every update
+        # of it after the response, and one before it as the subscription's it replaces
+        # (mycelia.node.kept).
         missed = Missed(msg.collection)
         self._answering.add(missed)
         try:
             deltas = self._served.answer(fresh, msg.known, lane=self._lane(peer))
             response = await _paged_deltas(peer, msg.request_id, deltas)
+            await peer.send(response, size=answer_size(response))
         finally:
             self._answering.discard(missed)
         if peer.closed:  # forget(peer) has run or will: what is kept now would leak with it
@@ -308,7 +314,6 @@ class Responder:
         feed = self._queues[peer]
         if missed.overflowed or not all(feed.offer(c, n) for c, n in missed.changes):
             peer.cut_off(f"its subscriptions fell more than {FEED_BYTES} bytes behind")
-        return response
 
     # -- pushing updates ---------------------------------------------------------------------
 

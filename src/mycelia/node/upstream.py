@@ -145,6 +145,7 @@ class Upstream:
         # before it ran): the subscriptions below bring what they said.
         self._sessions += 1
         self._inbox.clear()
+        self._kept.new_session()
         self._applying = False
         if not self._has_system():
             response = await session.request(SystemRequest, expect=EventsResponse)
@@ -183,6 +184,7 @@ class Upstream:
         closes the session, and the next one re-subscribes every query.
         """
         self._inbox.append(update)
+        self._kept.read()
         self._more.set()
         if self._applying:
             return None
@@ -217,15 +219,22 @@ class Upstream:
             self._inbox.clear()
             await self._reconnect(f"the durable peer pushed a malformed update ({exc})")
             return
-        await self._apply_step(step)
+        await self._apply_step(step, self._kept.received - len(self._inbox) - len(step))
 
-    async def _apply_step(self, step: list[SubscriptionUpdate | SubscriptionEnded]) -> None:
+    async def _apply_step(
+        self, step: list[SubscriptionUpdate | SubscriptionEnded], arrival: int
+    ) -> None:
+        """Apply a step of updates (``arrival``: the first's index among those read)."""
         first = step[0]
         if isinstance(first, SubscriptionEnded):
             self._ended(first)
             return
         updates = [u for u in step if isinstance(u, SubscriptionUpdate)]
-        noted = [(u.query_id, *self._kept.note(u.query_id, u.deltas)) for u in updates]
+        kept = self._kept
+        noted = [
+            (u.query_id, *kept.note(u.query_id, u.deltas, arrival + i))
+            for i, u in enumerate(updates)
+        ]
         try:
             await self.apply_deltas(d for u in updates for d in u.deltas)
         except EventNotFound as exc:
@@ -257,6 +266,7 @@ class Upstream:
         query is told why (a live query kept open unmirrored would look current and never
         change again)."""
         live: object = self._following.pop(query_id, None)
+        self._kept.forget(query_id)
         log.warning("the durable peer %s query %s: %s", what, query_id, error)
         if isinstance(live, Ends):
             live.end(error)
@@ -348,7 +358,7 @@ class Upstream:
         ask = session.stream(
             lambda rid: SubscribeRequest(rid, qid, collection, text, args, tuple(known))
         )
-        self._kept.start(qid)
+        self._kept.start(qid, ask.responded)
         async with ask as parts:
             while True:
                 try:  # the answer's own failures
