@@ -3,6 +3,7 @@ refusals that stop the redialing (issue 17)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import time
@@ -199,3 +200,36 @@ async def test_connection_state_and_error_follow_the_server() -> None:
     assert connection.state is ConnectionState.CLOSED
     await server.close()
     await server_node.close()
+
+
+async def _serving(answer: bytes) -> asyncio.Server:
+    """A TCP server on 127.0.0.1 that writes ``answer`` to each connection and closes it."""
+
+    async def reply(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(reply, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize(
+    ("answer", "named"),
+    [
+        # A server that closes at once may be a Mycelia server stopping (before: "is not a
+        # Mycelia server"), or a TLS one answering plain text with an alert.
+        (b"", "closed the connection without answering the websocket handshake"),
+        (b"\x15\x03\x01\x00\x02\x02\x46", "so does a TLS server, which needs wss://"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "is not a Mycelia server"),
+    ],
+)
+async def test_wait_ready_says_what_answered_the_handshake(answer: bytes, named: str) -> None:
+    server = await _serving(answer)
+    port = server.sockets[0].getsockname()[1]
+    node = await client()
+    await mycelia.connect(node, f"ws://127.0.0.1:{port}", min_backoff=0.01)
+    with pytest.raises(ConnectTimeout, match=named):
+        await node.wait_ready(timeout=1)
+    await node.close()
+    server.close()
+    await server.wait_closed()

@@ -442,6 +442,12 @@ async def _dial_websocket(
         status = exc.response.status_code
         raise ConnectionClosed(f"{url} refused the websocket: HTTP {status}") from exc
     except InvalidHandshake as exc:
+        if isinstance(exc.__cause__, EOFError):  # (not "not a Mycelia server": it may be one)
+            raise ConnectionClosed(
+                f"{url} closed the connection without answering the websocket handshake (a "
+                "server that is stopping or at its connection limit does; so does a TLS "
+                "server, which needs wss://)"
+            ) from exc
         raise ConnectionClosed(
             f"{url} is not a Mycelia server ({exc}); a TLS server needs wss://"
         ) from exc
