@@ -24,6 +24,7 @@ from mycelia.errors import (
 )
 from mycelia.node.client import describe_failure
 from mycelia.node.inprocess import InProcessServer
+from mycelia.node.peer import PeerConnection
 from mycelia.node.tokens import TokenAgent, TokenIssuer
 from mycelia.storage import MemoryStorage
 from tests.deploy.certs import make_certs
@@ -233,3 +234,38 @@ async def test_wait_ready_says_what_answered_the_handshake(answer: bytes, named:
     await node.close()
     server.close()
     await server.wait_closed()
+
+
+async def test_a_session_that_ended_is_not_ready_while_it_closes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The ended session was let go while the link still said READY, and stayed so while its
+    # connection closed: a read in between answered from here yet said it had asked the
+    # durable peer ("not found here or on the durable peer"), and wait_ready returned.
+    server_node = await Node.open(MemoryStorage(), durable=True)
+    await server_node.create_system()
+    server = InProcessServer(server_node)
+    app = await client()
+    connection = server.connect(app)
+    await connection.wait_ready(timeout=10)
+    session, closing, release = app._link.session, asyncio.Event(), asyncio.Event()
+    close = PeerConnection.close
+
+    async def held(self: PeerConnection) -> None:
+        if self is session:
+            closing.set()
+            await release.wait()
+        await close(self)
+
+    monkeypatch.setattr(PeerConnection, "close", held)
+    dropped = asyncio.ensure_future(server.drop())
+    await asyncio.wait_for(closing.wait(), 10)  # the client's ended session is closing
+    assert connection.state is not ConnectionState.READY
+    with pytest.raises(ConnectTimeout):
+        await connection.wait_ready(timeout=0.2)
+    release.set()
+    await dropped
+    await connection.wait_ready(timeout=10)
+    await app.close()
+    await server.close()
+    await server_node.close()

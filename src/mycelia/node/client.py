@@ -226,7 +226,7 @@ class Connection:
         except (MyceliaError, OSError, TimeoutError) as exc:
             failure = exc  # the connection's own error, if it has one, says more
         finally:
-            self._link.session = None
+            await self._link.let_go()
             await peer.close()
             await runner
         error = peer.error or failure or ConnectionClosed("the connection closed")

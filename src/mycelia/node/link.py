@@ -83,6 +83,16 @@ class Link:
                 self.state = state
             self._changed.notify_all()
 
+    async def let_go(self) -> None:
+        """The session ended: the link leaves READY as the session is let go, in one step.
+        (Cleared while still READY, a read in between answered from here and said the
+        durable peer had been asked, and ``wait_ready`` returned with no session.)"""
+        if self.state is ConnectionState.READY:
+            self.state = ConnectionState.DISCONNECTED
+        self.session = None
+        async with self._changed:
+            self._changed.notify_all()
+
     async def refuse(self, refusal: MyceliaError) -> None:
         """The peer refused this node for good: CLOSED, and every wait raises ``refusal``."""
         self.error = self.refusal = refusal
