@@ -273,12 +273,6 @@ class Upstream:
 
     # -- read-through --------------------------------------------------------------------
 
-    def kept(self, live: Standing) -> Collection[EntityId] | None:
-        """The entities the durable peer keeps current for ``live`` (see
-        :mod:`mycelia.node.kept`; ``None`` while it is not mirrored)."""
-        session = self._sessions if self._link.session is not None else None
-        return self._kept.of(live.query_id, session)
-
     def connected(self) -> bool:
         """Whether the durable peer is connected and ready."""
         return self._link.ready
@@ -322,6 +316,12 @@ class Upstream:
         session = self._link.session
         if session is not None:
             await self._subscribe(session, live)
+
+    def kept(self, live: Standing) -> Collection[EntityId] | None:
+        """The entities the durable peer keeps current for ``live`` (see
+        :mod:`mycelia.node.kept`; ``None`` while it is not mirrored)."""
+        session = self._sessions if self._link.session is not None else None
+        return self._kept.of(live.query_id, session)
 
     async def resubscribe(self, live: Standing) -> None:
         """Mirror ``live`` again (its query changed)."""
