@@ -137,7 +137,8 @@ class Responder:
         :meth:`_subscribe`)."""
 
     async def handle(self, peer: Peer, msg: Message) -> Message | None:
-        """The response to one request (raise a MyceliaError to answer with an error)."""
+        """The response to one request (raise a MyceliaError to answer with an error;
+        ``None`` for a subscription, whose response :meth:`_subscribe` sends itself)."""
         match msg:
             case GetRequest():
                 return await _paged_deltas(peer, msg.request_id, self._get(peer, msg))
