@@ -240,15 +240,16 @@ class LiveQuery(Generic[M]):
         kept = self._parts.follow.kept(self)
         if kept is None:
             return rows
-        limit = asked = query.limit
-        while True:
-            fresh = [row for row in rows if row.state.entity_id in kept]
-            if not isinstance(limit, int) or not isinstance(asked, int):
-                return fresh
-            if len(fresh) >= limit or len(rows) < asked:
-                return fresh[:limit]
+        fresh = [row for row in rows if row.state.entity_id in kept]
+        limit = query.limit
+        if not isinstance(limit, int):
+            return fresh
+        asked = limit
+        while len(fresh) < limit and len(rows) == asked:  # (storage may hold more)
             asked *= 4
             rows = await self._parts.rows(collection, replace(query, limit=asked))
+            fresh = [row for row in rows if row.state.entity_id in kept]
+        return fresh[:limit]
 
     def kept_changed(self, gained: Collection[EntityId], lost: Collection[EntityId]) -> None:
         """The durable peer keeps ``gained`` current for this query now and ``lost`` no
