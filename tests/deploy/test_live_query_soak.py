@@ -5,7 +5,9 @@ restarted halfway. Afterwards every live query must equal a fresh fetch.
 
 Before mycelia.node.kept, LIMIT queries kept showing a row the server had moved, at its
 old value, for good: this test failed with 7 of its 120 queries so (and 6 runs of 8 of a
-60-client variant, 11 queries of 1,440). It passes in about 25 s.
+60-client variant, 11 queries of 1,440). It passes in about 25 s, but about 1 run in 10
+fails with one query without LIMIT showing a row the server moved (CHANGELOG, Known
+issues: not yet explained); each failure prints that row on both sides.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ async def _mismatched(
         want = [(v.id, v.n) for v in await truth.context().fetch(Score, text, *args)]
         got = [(v.id, v.n) for v in live.items]
         if got != want:
-            only = sorted(set(got) ^ set(want), key=str)[:4]
-            bad.append(f"{text} {args}: live and fetch differ in {only}")
+            shown = sorted(set(got) - set(want), key=str)[:4]
+            fetched = sorted(set(want) - set(got), key=str)[:4]
+            bad.append(f"{text} {args}: only the live query shows {shown}, only a fetch {fetched}")
     return bad
 
 
