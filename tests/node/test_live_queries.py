@@ -7,6 +7,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from mycelia import EntityId, Model, Node
 from mycelia.node.inprocess import InProcessServer
 from mycelia.node.live import ChangeSet, LiveQuery
 from mycelia.node.reactor import _Ranges
+from mycelia.proto.query import Query
+from mycelia.retrieval import StoredState
 from mycelia.storage import MemoryStorage
 from mycelia.storage.plan import KeyRange
 from tests.node.waiting import until
@@ -258,6 +261,41 @@ async def test_a_limit_query_refills_when_a_member_leaves_and_emits_the_removal(
         assert [v.id for v in change.removed] == [items[0].id]
         assert [v.id for v in change.added] == [items[2].id]
         assert [v.n for v in live.items] == [1, 2]
+
+
+@pytest.mark.parametrize("text", ["n < 5", "n < 5 ORDER BY n LIMIT 3"])
+async def test_a_commit_while_the_result_is_read_again_is_applied_after_it(text: str) -> None:
+    """A change committed while a refresh reads storage is applied to the result it reads.
+    Before, the refresh's older read replaced the change's effect: the query showed a row
+    that had left, at its old value, for good (the live-query soak found it after a server
+    restart, whose answers refresh every mirrored query)."""
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    async with node.context().transaction() as trx:
+        leaving, staying = trx.create(Item, n=1, tag=None), trx.create(Item, n=2, tag=None)
+    async with node.context().query(Item, text) as live:
+        read, go_on = asyncio.Event(), asyncio.Event()
+        rows = live._parts.rows
+
+        async def paused(collection: str, query: Query) -> list[StoredState]:
+            found = await rows(collection, query)
+            read.set()
+            await go_on.wait()
+            return found
+
+        live._parts = replace(live._parts, rows=paused)
+        refreshing = asyncio.create_task(live.refresh())
+        await asyncio.wait_for(read.wait(), 10)
+        async with node.context().transaction() as trx:
+            (await trx.edit(Item, leaving.id)).n = 9  # leaves the result
+            (await trx.edit(Item, staying.id)).n = 3
+        go_on.set()
+        await asyncio.wait_for(refreshing, 10)
+        await live.wait_settled()
+        assert [(v.id, v.n) for v in live.items] == [(staying.id, 3)]
+        shown: dict[EntityId, Item] = {}
+        replay(shown, live.changes_nowait())
+        assert shown == {v.id: v for v in live.items}
 
 
 LIMITED = [q for q in QUERIES if "LIMIT" in q[0]] + [("n >= 0 LIMIT 3", ())]

@@ -104,7 +104,7 @@ class LiveQuery(Generic[M]):
         self._open = False
         self._entered = False
         self._buffer: list[EntityChange] | None = None
-        """Changes that arrive while the initial result loads (applied after it)."""
+        """Changes that arrive while the result is read from storage (applied after it)."""
         self._refreshing = 0
         self._settled = asyncio.Event()
         self._settled.set()
@@ -322,8 +322,8 @@ class LiveQuery(Generic[M]):
         matches = selected and self._parts.policy.can_read(self._credentials, after)
         ranks = self._ranks
         if self.query.limit is not None:
-            if ranks is None or self._refreshing or selected != matches:
-                return False  # not ranked here, a refresh to come, or a row policy hides
+            if ranks is None or selected != matches:
+                return False  # not ranked here, or a row policy hides
             key = order_key(after.values, self.query.order_by) if matches else None
             placed = ranks.place(entity_id, key)
             if placed is None:
@@ -379,10 +379,18 @@ class LiveQuery(Generic[M]):
         return self._changes.take_all()
 
     async def refresh(self) -> None:
-        """Re-run the query against storage and emit the difference (LIMIT, update_query)."""
+        """Re-run the query against storage and emit the difference (a LIMIT refill,
+        update_query, a change in the rows the durable peer keeps current). Changes
+        committed while storage is read are applied after the read, to what it gave: applied
+        meanwhile, the older read replaced them, and the result showed a row that had left,
+        at its old value, for good."""
         async with self._refresh_lock:
             before = dict(self._members)
-            await self._load()
+            self._buffer = []
+            try:
+                await self._load()
+            finally:
+                buffered, self._buffer = self._buffer, None
             out: ChangeSet[M] = ChangeSet()
             for entity_id, view in self._members.items():
                 old = before.pop(entity_id, None)
@@ -395,6 +403,8 @@ class LiveQuery(Generic[M]):
                 self._parts.watch.untrack(entity_id, self)
             if out:
                 self._changes.put(out)
+            if buffered:
+                self.apply(buffered)
 
 
 def _take(views: list[M], entity_id: EntityId) -> M | None:
