@@ -5,10 +5,10 @@ restarted halfway. Afterwards every live query must equal a fresh fetch.
 
 Before mycelia.node.kept, LIMIT queries kept showing a row the server had moved, at its
 old value, for good: this test failed with 7 of its 120 queries so (and 6 runs of 8 of a
-60-client variant, 11 queries of 1,440). Before a refresh applied the changes committed
-during its read after it, about 1 run in 10 failed with one query without LIMIT showing a
-row the server had moved (the reconnect's refresh undid the change). Each failure prints
-the rows that differ, on both sides. It passes in about 25 s.
+60-client variant, 11 queries of 1,440). Until a server pushed a change merging a
+client's commit with a concurrent write that won (mycelia.node.served), about 1 run in 10
+failed with a writer's query showing its own write that the server had merged away. Each
+failure prints the rows that differ, on both sides. It passes in about 25 s.
 """
 
 from __future__ import annotations

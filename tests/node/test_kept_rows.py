@@ -97,3 +97,22 @@ async def test_a_limit_refill_keeps_a_row_this_client_created(
         await _shows(client, live, first, mine)
         await _set(server_node, first, -1)  # makes room: the create and the second
         await _shows(client, live, mine, second)
+
+
+async def test_an_own_edit_the_server_merged_away_leaves_the_query(
+    in_process: tuple[Node, Node],
+) -> None:
+    """The client's own edit matches its query, but a concurrent edit it never saw wins
+    the merge on the server: the server tells it, though the query never held the row (the
+    live-query soak: a writer's query showed its own write at 49, the server held 408)."""
+    server_node, client = in_process
+    (row,) = await _scores(server_node, 500)
+    async with client.context().query(Score, "n < ?", 97) as live:
+        async with client.context().transaction() as trx:
+            mine = await trx.edit(Score, row)  # read at 500 (asked of the server)
+            await _set(server_node, row, 300)
+            await _set(server_node, row, 408)  # two generations on: it wins the merge
+            mine.n = 49  # the client's query shows it at once
+        assert (await server_node.context().get(Score, row)).n == 408
+        await _shows(client, live)  # (before: the row at 49, for good)
+        assert (await client.context().get(Score, row)).n == 408

@@ -267,8 +267,8 @@ async def test_a_limit_query_refills_when_a_member_leaves_and_emits_the_removal(
 async def test_a_commit_while_the_result_is_read_again_is_applied_after_it(text: str) -> None:
     """A change committed while a refresh reads storage is applied to the result it reads.
     Before, the refresh's older read replaced the change's effect: the query showed a row
-    that had left, at its old value, for good (the live-query soak found it after a server
-    restart, whose answers refresh every mirrored query)."""
+    that had left, at its old value, for good (a reconnect's answer refreshes every mirrored
+    query, so a restart under load met this)."""
     node = await Node.open(MemoryStorage(), durable=True)
     await node.create_system()
     async with node.context().transaction() as trx:

@@ -27,16 +27,18 @@ Invariants:
 - A LIMIT result is placed from ``standing.ranks`` while every change can be placed
   there (:mod:`mycelia.node.ranks`); otherwise storage ranks it again. A match outside
   the LIMIT is not sent; rows that enter it to refill it are.
-- The peer's own commit on the head it holds (``echoed``) is not sent back: the peer
-  holds the head after it already.
+- The peer's own commit on the head it holds (an echo, :class:`Own`) is not sent back:
+  the peer holds the head after it already. One merged with events it may lack (another
+  writer's, concurrent) is sent even where the query holds nothing for the peer: the peer
+  shows its own version wherever that matches, and the merge may have moved it out.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from mycelia.entity import Entity, EntityChange, Snapshot
 from mycelia.node.budget import ANSWER_PAGE_BYTES
@@ -61,7 +63,7 @@ from mycelia.retrieval import StoredState
 from mycelia.storage import StorageEngine
 from mycelia.storage.plan import plan_query
 
-__all__ = ["PAGE_LIMIT", "Loader", "ServedQueries", "ServedQuery"]
+__all__ = ["PAGE_LIMIT", "Loader", "Own", "ServedQueries", "ServedQuery"]
 
 PAGE_LIMIT: Final = 1024 * 1024
 """Most bytes of events a pushed update sends as they are (more: a snapshot or bridge)."""
@@ -94,6 +96,16 @@ class ServedQuery:
     """The query's predicate, compiled once (see :mod:`mycelia.proto.query.compile`)."""
     ranks: Ranks | None = None
     """A LIMIT query's result as last ranked (``None``: rank it from storage next)."""
+
+
+class Own(NamedTuple):
+    """How a change holds the subscriber's own commit (see the module docstring)."""
+
+    echo: bool
+    """It is made only of the peer's events: on the head the peer holds, it holds the head
+    after too."""
+    behind: bool
+    """Its head holds events the peer may lack (another writer's, merged with its own)."""
 
 
 class Loader(Protocol):
@@ -165,7 +177,7 @@ class ServedQueries:
         self,
         standing: ServedQuery,
         changes: list[EntityChange],
-        echoed: Collection[int],
+        own: Mapping[int, Own],
         *,
         lane: asyncio.Lock,
     ) -> list[Delta]:
@@ -174,8 +186,8 @@ class ServedQueries:
         The peer holds ``standing.sent`` fresh while they match the predicate; a new match
         is pushed if it belongs to the result (with a LIMIT, only if it ranks inside it:
         then members that left the LIMIT stay fresh on the peer, and rows that entered to
-        refill it are pushed). ``echoed`` holds the ``id`` of each change that is the
-        peer's own commit (see the module docstring).
+        refill it are pushed). ``own`` maps the ``id`` of each change that holds the peer's
+        own commit to how it does (see the module docstring).
         """
         relevant = [c for c in changes if c.after.collection == standing.collection]
         if not relevant:
@@ -192,7 +204,7 @@ class ServedQueries:
             if entity_id not in standing.sent and ranked is not None and entity_id not in ranked:
                 member = False  # a match outside the LIMIT: nothing the peer needs yet
             delta = await self._delta_for_change(
-                standing, change, member=member, echo=id(change) in echoed
+                standing, change, member=member, own=own.get(id(change))
             )
             if delta is not None:
                 deltas.append(delta)
@@ -324,13 +336,13 @@ class ServedQueries:
         return deltas
 
     async def _delta_for_change(
-        self, standing: ServedQuery, change: EntityChange, *, member: bool, echo: bool = False
+        self, standing: ServedQuery, change: EntityChange, *, member: bool, own: Own | None
     ) -> Delta | None:
         entity_id = change.after.entity_id
         held = standing.sent.get(entity_id)
-        if not member and held is None:
+        if not member and held is None and not (own and own.behind):
             return None
-        if echo and member and (held or Clock()) == change.before.head:
+        if own and own.echo and member and (held or Clock()) == change.before.head:
             # The peer's own commit on the head it holds (or its own create): it holds the
             # head after it too (its events, on what it held), and it shows the entity. A
             # create is said to match, with no data: the peer learns that this query keeps

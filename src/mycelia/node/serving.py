@@ -34,7 +34,8 @@ admit it (an expired token), each of its standing queries ends with a
 Unsubscribing, or disconnecting, stops the pushes. A peer is not sent back its own
 commit: a change made only of events the peer committed, on the head this node believes
 it holds, pushes nothing to it (the head after it is noted as held); the other
-subscribers get it.
+subscribers get it. One merged here with events the peer may lack is pushed to it even
+where its query holds nothing (mycelia.node.served).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from mycelia.node.peer_parts import answer_size
 from mycelia.node.policy import Credentials, PolicyAgent, check_not_reserved
 from mycelia.node.ports import Peer
 from mycelia.node.pushes import FEED_BYTES, Missed, SubscriberFeed, changes_size
-from mycelia.node.served import Loader, ServedQueries, ServedQuery
+from mycelia.node.served import Loader, Own, ServedQueries, ServedQuery
 from mycelia.proto import AdmittedEvent, Clock, EntityId, Event, EventId
 from mycelia.proto.limits import MAX_BATCH_EVENTS
 from mycelia.proto.messages import Message
@@ -130,8 +131,8 @@ class Responder:
         """Each peer's lane for heavy queries (one at a time per connection)."""
         self._authored: dict[Peer, set[EventId]] = {}
         """The events of each peer's commits being written now (see :meth:`on_change`)."""
-        self._echoes: dict[Peer, set[tuple[EntityId, Clock]]] = {}
-        """Changes (entity, head after) made only of the peer's own events, not pushed yet."""
+        self._own: dict[Peer, dict[tuple[EntityId, Clock], Own]] = {}
+        """Changes (entity, head after) holding the peer's own events, not pushed yet."""
         self._answering: set[Missed] = set()
         """Per subscription being answered, the changes committed meanwhile (see
         :meth:`_subscribe`)."""
@@ -178,7 +179,7 @@ class Responder:
         """Drop everything held for a closed connection."""
         self._subscriptions.pop(peer, None)
         self._lanes.pop(peer, None)
-        self._echoes.pop(peer, None)
+        self._own.pop(peer, None)
         feed = self._queues.pop(peer, None)
         if feed is not None:
             feed.close()
@@ -331,11 +332,7 @@ class Responder:
                 continue
             authored = self._authored.get(peer)
             if authored:
-                self._echoes.setdefault(peer, set()).update(
-                    (c.after.entity_id, c.after.head)
-                    for c in changes
-                    if c.events and all(e.id in authored for e in c.events)
-                )
+                _note_own(self._own.setdefault(peer, {}), changes, authored)
             if not feed.offer(changes, size):
                 peer.cut_off(f"its subscriptions fell more than {FEED_BYTES} bytes behind")
 
@@ -349,16 +346,17 @@ class Responder:
         while (changes := await feed.get()) is not None:
             if not self._still_admitted(peer):
                 return
-            echoes = self._echoes.get(peer, set())
-            echoed = {id(c) for c in changes if (c.after.entity_id, c.after.head) in echoes}
+            noted = self._own.get(peer, {})
+            own = {id(c): o for c in changes if (o := noted.get(_key(c))) is not None}
             for standing in list(self._subscriptions.get(peer, {}).values()):
                 lane = self._lane(peer)
-                deltas = await self._served.update(standing, changes, echoed, lane=lane)
+                deltas = await self._served.update(standing, changes, own, lane=lane)
                 for chunk in _pages(deltas, peer.page_bytes):
                     if standing.query_id not in self._subscriptions.get(peer, {}):
                         break
                     peer.push(SubscriptionUpdate(standing.query_id, tuple(chunk)))
-            echoes.difference_update((c.after.entity_id, c.after.head) for c in changes)
+            for change in changes:
+                noted.pop(_key(change), None)
 
     def _still_admitted(self, peer: Peer) -> bool:
         """Whether the peer's credentials still admit it (checked before every push); if
@@ -373,6 +371,22 @@ class Responder:
                 peer.push(SubscriptionEnded(query_id, code_of(exc), text))
             return False
         return True
+
+
+def _note_own(
+    own: dict[tuple[EntityId, Clock], Own], changes: Sequence[EntityChange], authored: set[EventId]
+) -> None:
+    """Note the changes holding events of a peer's commits (``authored``): an echo is made
+    only of them; a change whose head holds another event is one the peer may lack."""
+    for change in changes:
+        mine = [e.id in authored for e in change.events]
+        if any(mine):
+            behind = any(i not in authored for i in change.after.head.ids)
+            own[_key(change)] = Own(echo=all(mine), behind=behind)
+
+
+def _key(change: EntityChange) -> tuple[EntityId, Clock]:
+    return change.after.entity_id, change.after.head
 
 
 def _commits_of(request: CommitRequest | CommitsRequest) -> tuple[tuple[Event, ...], ...]:
