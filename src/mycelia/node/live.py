@@ -98,7 +98,8 @@ class LiveQuery(Generic[M]):
         self._keys: dict[EntityId, bytes] = {}
         self._ranks: Ranks | None = None
         """A LIMIT query's members in rank order (``None``: no LIMIT, or unknown until the
-        next load: policy hid some of the rows storage ranked)."""
+        next load: policy hid some of the rows storage ranked, or a change came that only
+        storage can place)."""
         self._changes: ChangeQueue[M] = ChangeQueue()
         self._refresh_lock = asyncio.Lock()
         self._open = False
@@ -304,7 +305,10 @@ class LiveQuery(Generic[M]):
         out: ChangeSet[M] = ChangeSet()
         for change in changes:
             if not self._apply_one(change, views, out):
-                self._schedule_refresh()  # storage ranks this one (and the batch's rest)
+                # Storage ranks this one and the batch's rest: until the refresh reads it,
+                # the ranks place no later change either.
+                self._ranks = None
+                self._schedule_refresh()
                 break
         if out:
             self._changes.put(out)
