@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import mycelia
 from mycelia import EntityId, Model, Node
+from mycelia.errors import StorageError
 from mycelia.node.inprocess import InProcessServer
 from mycelia.node.live import ChangeSet, LiveQuery
 from mycelia.node.reactor import _Ranges
@@ -296,6 +297,35 @@ async def test_a_commit_while_the_result_is_read_again_is_applied_after_it(text:
         shown: dict[EntityId, Item] = {}
         replay(shown, live.changes_nowait())
         assert shown == {v.id: v for v in live.items}
+
+
+async def test_a_refresh_that_fails_still_applies_what_came_while_it_read() -> None:
+    """A refresh whose read fails leaves the result it showed, with the changes committed
+    meanwhile applied (they were held for after the read)."""
+    node = await Node.open(MemoryStorage(), durable=True)
+    await node.create_system()
+    async with node.context().transaction() as trx:
+        leaving = trx.create(Item, n=1, tag=None)
+    async with node.context().query(Item, "n < 5") as live:
+        read, go_on = asyncio.Event(), asyncio.Event()
+
+        async def failing(collection: str, query: Query) -> list[StoredState]:
+            read.set()
+            await go_on.wait()
+            raise StorageError("the disk went away")
+
+        live._parts = replace(live._parts, rows=failing)
+        refreshing = asyncio.create_task(live.refresh())
+        await asyncio.wait_for(read.wait(), 10)
+        async with node.context().transaction() as trx:
+            (await trx.edit(Item, leaving.id)).n = 9  # leaves the result
+        go_on.set()
+        with pytest.raises(StorageError):
+            await asyncio.wait_for(refreshing, 10)
+        assert live.items == []
+        shown: dict[EntityId, Item] = {}
+        replay(shown, live.changes_nowait())
+        assert shown == {}
 
 
 LIMITED = [q for q in QUERIES if "LIMIT" in q[0]] + [("n >= 0 LIMIT 3", ())]

@@ -140,9 +140,7 @@ class LiveQuery(Generic[M]):
             async with slow(f"first result of {self.collection} {self.text!r}"):
                 initial = await self._start()
         self._changes.start(initial)
-        buffered, self._buffer = self._buffer, None
-        if buffered:
-            self.apply(buffered)  # emits only what the initial result does not show yet
+        self._apply_buffered()  # emits only what the initial result does not show yet
         return self
 
     async def _start(self) -> list[M]:
@@ -393,8 +391,9 @@ class LiveQuery(Generic[M]):
             self._buffer = []
             try:
                 await self._load()
-            finally:
-                buffered, self._buffer = self._buffer, None
+            except BaseException:
+                self._apply_buffered()  # the result shown stays: kept current
+                raise
             out: ChangeSet[M] = ChangeSet()
             for entity_id, view in self._members.items():
                 old = before.pop(entity_id, None)
@@ -407,8 +406,13 @@ class LiveQuery(Generic[M]):
                 self._parts.watch.untrack(entity_id, self)
             if out:
                 self._changes.put(out)
-            if buffered:
-                self.apply(buffered)
+            self._apply_buffered()
+
+    def _apply_buffered(self) -> None:
+        """Stop buffering, and apply the changes that came while storage was read."""
+        buffered, self._buffer = self._buffer, None
+        if buffered:
+            self.apply(buffered)
 
 
 def _take(views: list[M], entity_id: EntityId) -> M | None:
