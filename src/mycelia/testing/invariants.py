@@ -421,8 +421,8 @@ class WatchedQuery(Generic[M]):
         await self.live.wait_settled()
         self.pump()
         model = self.live.model
+        items = self.live.items  # (before the fetch, whose answer could mend what it shows)
         fetched = await self.ctx.fetch(model, self.query, *self.args)
-        items = self.live.items
         what = f"{model.__name__} query {self.query!r}"
         if items != fetched:
             raise LiveQueryMismatch(
