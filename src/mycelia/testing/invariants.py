@@ -5,8 +5,9 @@ you want in messages to nodes) and raises an :class:`InvariantViolation` subclas
 the node, the entity and the difference:
 
 ======================================  ==========================================================
-:func:`check_convergence`               replicas holding the same events of an entity hold the
-                                        same head and byte-identical state buffers, and memory
+:func:`check_convergence`               replicas at the same head of an entity, and durable ones
+                                        holding the same events, hold the same state buffers
+                                        byte for byte, and memory
                                         matches storage (:class:`Divergence`,
                                         :class:`MemoryAhead`); with ``complete=True`` (after
                                         healing and quiescence) every node holds the same state
@@ -92,7 +93,8 @@ class InvariantViolation(AssertionError):
 
 
 class Divergence(InvariantViolation):
-    """Two replicas hold the same events of an entity but different states."""
+    """Two replicas at the same head of an entity (or durable ones holding the same events
+    of it) hold different states."""
 
 
 class Unconverged(InvariantViolation):
@@ -194,7 +196,7 @@ async def _check_memory(
 async def check_convergence(
     nodes: Nodes, entities: Iterable[EntityId] | None = None, *, complete: bool = False
 ) -> None:
-    """Replicas with the same events of an entity hold the same state (see module docstring;
+    """Replicas at the same head hold the same state (see module docstring;
     a cache's tombstone is only held to being one, as in :func:`_check_complete`).
 
     ``entities`` defaults to every entity any node stores. Raises Divergence, MemoryAhead
@@ -211,24 +213,33 @@ async def check_convergence(
             replicas.append(_Replica(name, node.durable, stored, events))
             if stored is None or (not node.durable and _deleted(stored)):
                 continue  # a cache's tombstone: see _check_complete
-            seen = by_history.setdefault(_history(events, stored), (name, stored))
-            if _fingerprint(seen[1]) != _fingerprint(stored):
-                held = f"{len(events)} events" if events else f"head {stored.state.head!r}"
-                raise Divergence(
-                    f"{name} and {seen[0]} hold the same {held} but differ: "
-                    + _describe(seen, (name, stored)),
-                    node=name,
-                    entity=entity_id,
-                )
+            for key, held in _histories(events, stored, durable=node.durable):
+                seen = by_history.setdefault(key, (name, stored))
+                if _fingerprint(seen[1]) != _fingerprint(stored):
+                    raise Divergence(
+                        f"{name} and {seen[0]} hold the same {held} but differ: "
+                        + _describe(seen, (name, stored)),
+                        node=name,
+                        entity=entity_id,
+                    )
         if complete:
             _check_complete(replicas, entity_id)
 
 
-def _history(events: frozenset[EventId], stored: EntityState) -> object:
-    """What a replica's state is a function of: the events it holds, or, for a cache that
-    holds none, the head it was given (two caches at different heads are not comparable:
-    one may lag, and only ``complete`` asks that none does)."""
-    return events if events else ("head", stored.state.head)
+def _histories(
+    events: frozenset[EventId], stored: EntityState, *, durable: bool
+) -> list[tuple[object, str]]:
+    """What a replica's state is a function of (with how a message names it): its head,
+    and on a durable node the events it holds. A cache's events say nothing of its state:
+    it holds snapshots, and one its subscriptions do not keep current may lag (two caches
+    at different heads are not comparable; only ``complete`` asks that none lags). Before,
+    a cache was compared by its events, and one that lagged on a row it had created was
+    said to diverge from another holding the same create."""
+    head = stored.state.head
+    keys: list[tuple[object, str]] = [(("head", head), f"head {head!r}")]
+    if durable:
+        keys.append((events, f"{len(events)} events"))
+    return keys
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,10 +75,15 @@ class SimNode:
         return random.Random(seed)
 
     async def start(
-        self, system: Sequence[Event], models: Sequence[type[Model]], *, watch: bool = True
+        self,
+        system: Sequence[Event],
+        models: Sequence[type[Model]],
+        *,
+        watch: bool = True,
+        narrow: bool = False,
     ) -> Node:
         """Open a Node on ``storage`` (joining ``system`` if the storage has none); with
-        ``watch``, open its live queries."""
+        ``watch``, open its live queries (``narrow``: see :func:`watch_queries`)."""
         self.incarnation += 1
         node = await Node.open(self.storage, durable=self.durable, rng=self.rng())
         if node.system_root is None and system:
@@ -90,7 +95,7 @@ class SimNode:
                 deleted = stored.values.get(DELETED) is True
                 self.known[stored.state.entity_id] = (model.__collection__, deleted)
         node.on_change(self._on_change)
-        self.watched = await watch_queries(node, models) if watch else []
+        self.watched = await watch_queries(node, models, narrow=narrow) if watch else []
         return node
 
     def connect(self, dial: Callable[[SimNode], Transport]) -> None:
@@ -166,12 +171,21 @@ class SimNode:
         )
 
 
-async def watch_queries(node: Node, models: Sequence[type[Model]]) -> list[WatchedQuery[Model]]:
+async def watch_queries(
+    node: Node, models: Sequence[type[Model]], *, narrow: bool = False
+) -> list[WatchedQuery[Model]]:
     """Open the live queries a simulated node keeps: per model, every entity, and (when it
-    has an orderable field) a LIMIT query ordered on it."""
+    has an orderable field) a LIMIT query ordered on it. A ``narrow`` node keeps only a
+    range of each model that has a numeric field (``<field> < 0``): rows it edits leave
+    and enter it, and its subscriptions hold nothing of the others."""
     ctx = node.context()
     out: list[WatchedQuery[Model]] = []
     for model in models:
+        if narrow:
+            numeric = [f for f in field_kinds(model) if f.kind in ("int", "float")]
+            if numeric:
+                out.append(await WatchedQuery.open(ctx, model, f"{numeric[0].name} < 0"))
+            continue
         out.append(await WatchedQuery.open(ctx, model, ""))
         orderable = [f for f in field_kinds(model) if f.kind in ("int", "str", "float")]
         if orderable:
