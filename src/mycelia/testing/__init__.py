@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mycelia.testing.actions import (
         Action,
+        Contend,
         Crash,
         Create,
         Delete,
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Action": "mycelia.testing.actions",
     "Crash": "mycelia.testing.actions",
+    "Contend": "mycelia.testing.actions",
     "Create": "mycelia.testing.actions",
     "Delete": "mycelia.testing.actions",
     "Edit": "mycelia.testing.actions",
@@ -151,6 +153,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Action",
+    "Contend",
     "Crash",
     "Create",
     "DanglingReference",

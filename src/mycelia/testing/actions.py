@@ -23,6 +23,7 @@ from mycelia.testing.network import Faults
 
 __all__ = [
     "Action",
+    "Contend",
     "Crash",
     "Create",
     "Delete",
@@ -108,18 +109,49 @@ class Intrude:
     node: int
 
 
-Action = Create | Edit | Delete | Wait | Crash | Partition | FailWrite | Intrude
+@dataclass(frozen=True, slots=True)
+class Contend:
+    """Node ``node`` reads the ``pick``-th entity it holds to set its first numeric field
+    below zero; before it commits, node ``rival`` sets that field to 1 twice (two
+    generations on: the rival's write wins the merge). A client watching only the field's
+    negative range (``SimConfig(narrow=True)``) shows its own write until its server says
+    the merge moved the row out."""
 
-_KINDS = ("create", "edit", "delete", "wait", "crash", "partition", "fail_write", "intrude")
+    node: int
+    rival: int
+    model: int
+    pick: int
+
+
+Action = Create | Edit | Delete | Wait | Crash | Partition | FailWrite | Intrude | Contend
+
+_KINDS = (
+    "create",
+    "edit",
+    "delete",
+    "wait",
+    "crash",
+    "partition",
+    "fail_write",
+    "intrude",
+    "contend",  # (last, and weighed 0 unless asked for: the other plans stay as they were)
+)
 
 
 def plan(
-    seed: int, *, nodes: int, models: tuple[type[Model], ...], operations: int, faults: Faults
+    seed: int,
+    *,
+    nodes: int,
+    models: tuple[type[Model], ...],
+    operations: int,
+    faults: Faults,
+    contend: float = 0.0,
 ) -> list[Action]:
-    """``operations`` actions drawn from ``seed`` (see the module docstring)."""
+    """``operations`` actions drawn from ``seed`` (see the module docstring); ``contend``
+    weighs :class:`Contend` (0: none, and the plan is what it was before that action)."""
     rng = random.Random(f"mycelia-sim/plan/{seed}")
     weights = [0.15, 0.55, 0.02, 0.08, faults.crash, faults.partition]
-    weights += [faults.write_failure, faults.foreign]
+    weights += [faults.write_failure, faults.foreign, contend]
     actions: list[Action] = []
     for i in range(operations):
         kind = "create" if i == 0 else rng.choices(_KINDS, weights)[0]
@@ -149,6 +181,8 @@ def _draw(kind: str, rng: random.Random, nodes: int, models: tuple[type[Model], 
         return Partition(side, rng.randint(2, 40))
     if kind == "fail_write":
         return FailWrite(node, rng.random() < 0.5)
+    if kind == "contend":
+        return Contend(node, rng.randrange(nodes), which, pick)
     return Intrude(node)
 
 

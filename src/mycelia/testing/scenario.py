@@ -94,6 +94,7 @@ def plan_for(seed: int, config: SimConfig) -> list[Action]:
         models=config.models,
         operations=config.operations,
         faults=config.faults,
+        contend=0.05 if config.narrow else 0.0,
     )
 
 

@@ -47,6 +47,7 @@ from mycelia.proto import Event, EventId
 from mycelia.storage import MemoryStorage
 from mycelia.testing.actions import (
     Action,
+    Contend,
     Crash,
     Create,
     Delete,
@@ -58,7 +59,7 @@ from mycelia.testing.actions import (
     literal,
 )
 from mycelia.testing.faults import InjectedFailure
-from mycelia.testing.fields import apply_edit, random_values
+from mycelia.testing.fields import apply_edit, field_kinds, random_values
 from mycelia.testing.gossip import Replicator
 from mycelia.testing.invariants import (
     Unconverged,
@@ -183,6 +184,8 @@ class Simulation:
             self._arm(action)
         elif isinstance(action, Intrude):
             self.replicator.push(INTRUDER, action.node, self.foreign)
+        elif isinstance(action, Contend):
+            await self._contend(action)
         await self.advance(1)
 
     async def _commit(self, action: Create | Edit | Delete) -> None:
@@ -191,6 +194,34 @@ class Simulation:
 
         async def body(trx: Transaction) -> bool:
             return await _act(trx, sn, model, action)
+
+        await self.transact(action.node, body, label=literal(action))
+
+    async def _contend(self, action: Contend) -> None:
+        """The node's edit reads the entity, its rival commits twice, then it commits."""
+        model = self.config.models[action.model]
+        numeric = [f for f in field_kinds(model) if f.kind in ("int", "float")]
+        if not numeric or action.rival == action.node:
+            self.trace.record("skip", "no contention")
+            return
+        name, one = numeric[0].name, 1 if numeric[0].kind == "int" else 1.0
+        sn = self.nodes[action.node]
+
+        async def body(trx: Transaction) -> bool:
+            alive = sn.alive(model.__collection__)
+            if not alive:
+                return False
+            entity_id = alive[action.pick % len(alive)]
+            handle = await trx.edit(model, entity_id)
+
+            async def rival(other: Transaction) -> bool:
+                setattr(await other.edit(model, entity_id), name, one)
+                return True
+
+            for _ in range(2):  # two generations on: the rival's write wins the merge
+                await self.transact(action.rival, rival, label=literal(action))
+            setattr(handle, name, -one)
+            return True
 
         await self.transact(action.node, body, label=literal(action))
 
