@@ -85,8 +85,8 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "Action": "mycelia.testing.actions",
-    "Crash": "mycelia.testing.actions",
     "Contend": "mycelia.testing.actions",
+    "Crash": "mycelia.testing.actions",
     "Create": "mycelia.testing.actions",
     "Delete": "mycelia.testing.actions",
     "Edit": "mycelia.testing.actions",

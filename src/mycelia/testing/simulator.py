@@ -102,7 +102,8 @@ class SimConfig:
     narrow: bool = False
     """With ``watch``, every second client watches only a range of each model (see
     :func:`~mycelia.testing.simnode.watch_queries`), so its own commits reach rows its
-    subscriptions do not hold; it is not held to being complete."""
+    subscriptions do not hold; it is not held to being complete. Plans then hold
+    :class:`~mycelia.testing.actions.Contend` actions too."""
 
     @property
     def nodes(self) -> int:
