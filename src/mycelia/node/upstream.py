@@ -457,9 +457,7 @@ class Upstream:
             changes.extend(await self._fill_gaps(result, events))
         for entity_id, error in refused.items():  # (history not here yet: the caller heals it)
             level = logging.INFO if isinstance(error, EventNotFound) else logging.WARNING
-            log.log(
-                level, "could not apply what the durable peer sent for %s: %s", entity_id, error
-            )
+            log.log(level, "could not apply what the peer sent for %s: %s", entity_id, error)
         if refused:
             raise next(iter(refused.values()))
         return changes

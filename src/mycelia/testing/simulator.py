@@ -44,7 +44,6 @@ from mycelia.node import Node, Transaction
 from mycelia.node.link import ConnectionState
 from mycelia.node.transport import Transport
 from mycelia.proto import Event, EventId
-from mycelia.storage import MemoryStorage
 from mycelia.testing.actions import (
     Action,
     Contend,
@@ -58,8 +57,9 @@ from mycelia.testing.actions import (
     Wait,
     literal,
 )
+from mycelia.testing.acts import act, foreign_events
 from mycelia.testing.faults import InjectedFailure
-from mycelia.testing.fields import apply_edit, field_kinds, random_values
+from mycelia.testing.fields import field_kinds
 from mycelia.testing.gossip import Replicator
 from mycelia.testing.invariants import (
     Unconverged,
@@ -162,7 +162,7 @@ class Simulation:
         sim.system = [e.event for e in await node.system_events()]
         for sn in sim.nodes[1:]:
             await sim._start(sn)
-        sim.foreign = await _foreign_events(seed, config.models[0])
+        sim.foreign = await foreign_events(seed, config.models[0])
         sim.trace.record("open", sim.config.describe(), seed, bytes(sim.system[0].id))
         return sim
 
@@ -194,7 +194,7 @@ class Simulation:
         sn = self.nodes[action.node]
 
         async def body(trx: Transaction) -> bool:
-            return await _act(trx, sn, model, action)
+            return await act(trx, sn, model, action)
 
         await self.transact(action.node, body, label=literal(action))
 
@@ -483,35 +483,3 @@ def _settled(sn: SimNode) -> bool:
         and sn.connection.state is ConnectionState.READY
         and not sn.node.owed()
     )
-
-
-async def _act(trx: Transaction, sn: SimNode, model: type[Model], action: Action) -> bool:
-    """One create/edit/delete action inside ``trx``; False if it had nothing to act on."""
-    if isinstance(action, Create):
-        trx.create(model, **dict(action.values))
-        return True
-    assert isinstance(action, Edit | Delete)
-    alive = sn.alive(model.__collection__)
-    if not alive:
-        return False
-    entity_id = alive[action.pick % len(alive)]
-    if isinstance(action, Delete):
-        await trx.delete(model, entity_id)
-        return True
-    handle = await trx.edit(model, entity_id)
-    for step in action.steps:
-        apply_edit(handle, step)
-    return True
-
-
-async def _foreign_events(seed: int, model: type[Model]) -> list[Event]:
-    """Two entities (and an edit) of another system, for intrusions."""
-    rng = random.Random(f"mycelia-sim/foreign/{seed}")
-    node = await Node.open(MemoryStorage(), durable=True, rng=rng)
-    await node.create_system()
-    async with node.context().transaction() as trx:
-        ids = [trx.create(model, **random_values(model, rng)).id for _ in range(2)]
-    events: list[Event] = []
-    for entity_id in ids:
-        events.extend(e.event for e in await node.storage.events_of(entity_id))
-    return events
